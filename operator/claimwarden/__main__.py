@@ -1,0 +1,3 @@
+from claimwarden.cli import main
+
+raise SystemExit(main())

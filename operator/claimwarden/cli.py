@@ -1,0 +1,115 @@
+"""`claimwarden run | lab ...`"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+
+
+def _controllers(text: str) -> tuple[str, ...]:
+    from .app import ALL_CONTROLLERS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    wrong = [n for n in names if n not in ALL_CONTROLLERS]
+    if wrong or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown controller(s) {','.join(wrong) or '(none given)'}; choose from {','.join(ALL_CONTROLLERS)}")
+    return names
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .lab.cluster import default_dir
+
+    parser = argparse.ArgumentParser(prog="claimwarden", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"claimwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator against the current kubeconfig (or in-cluster)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    run.add_argument("--controllers", type=_controllers, default="claims,reservations,health,metrics",
+                     help="comma-separated controllers to run (default: all)")
+    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                     help="liveness endpoint URL to serve (default: %(default)s)")
+    run.add_argument("--metrics-address", default="0.0.0.0", help="metrics listen address")
+    run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
+    run.add_argument("--verbose", action="store_true", help="debug logging")
+    run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
+
+    lab = sub.add_parser("lab", help="a local Kubernetes control plane with fake DRA GPUs")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    dir_help = f"lab state directory (default: {default_dir()})"
+    lab_up = lab_sub.add_parser("up", help="start the lab in the background and wait until it is ready")
+    lab_up.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
+    lab_up.add_argument("--nodes", type=int, default=2, help="kwok nodes (default: %(default)s)")
+    lab_up.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
+    lab_up.add_argument("--models", help="GPU models given to nodes round-robin, from H100,A100,L4")
+    lab_up.add_argument("--upstream-claims", action="store_true",
+                        help="also run kube-controller-manager's resourceclaim-controller")
+    lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
+    lab_up.add_argument("--runtime-config", default="", help="kube-apiserver --runtime-config")
+    lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
+    for name, text in (("down", "stop the lab and remove its state"), ("status", "show the lab's processes"),
+                       ("env", "print shell lines that point KUBECONFIG and PATH at the lab")):
+        cmd = lab_sub.add_parser(name, help=text)
+        cmd.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import app
+
+    if args.kubeconfig:
+        if not Path(args.kubeconfig).is_file():
+            print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
+            return 2
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    app.CONFIG.controllers = args.controllers
+    app.CONFIG.kubeconfig = args.kubeconfig
+    app.CONFIG.metrics_address = args.metrics_address
+    app.CONFIG.metrics_port = args.metrics_port
+    kopf.configure(verbose=args.verbose, log_format={
+        "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
+    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness)
+    return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    from .lab import cluster
+    from .lab.processes import LabError
+
+    def say(line: str) -> None:
+        print(f"lab: {line}", flush=True)
+
+    try:
+        if args.lab_command == "up":
+            cluster.up(cluster.LabOptions(
+                dir=args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, models=args.models,
+                upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
+                runtime_config=args.runtime_config, api_port=args.api_port), say)
+        elif args.lab_command == "down":
+            cluster.down(args.dir, say)
+        elif args.lab_command == "status":
+            print("\n".join(cluster.status(args.dir)))
+        elif args.lab_command == "env":
+            print("\n".join(cluster.env_lines(args.dir)))
+    except LabError as exc:
+        print(f"lab: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("lab: interrupted; everything started so far was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    return _lab(args)

@@ -1,0 +1,120 @@
+"""A fake DRA driver: the DeviceClass, Nodes and ResourceSlices that dra-example-driver would publish.
+
+Only pure functions that build API objects as dicts; ``cluster.py`` writes them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+DRIVER = "gpu.example.com"
+DEVICE_CLASS = "gpu.example.com"
+DEFAULT_MODEL = "LATEST-GPU-MODEL"
+NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    memory: str
+    compute: str
+
+
+# Plausible memory sizes for the models users name; the default matches dra-example-driver.
+MODELS: dict[str, GpuModel] = {
+    DEFAULT_MODEL: GpuModel(DEFAULT_MODEL, "80Gi", "100"),
+    "H100": GpuModel("H100", "80Gi", "132"),
+    "A100": GpuModel("A100", "40Gi", "108"),
+    "L4": GpuModel("L4", "24Gi", "58"),
+}
+USER_MODELS = [m for m in MODELS if m != DEFAULT_MODEL]
+
+
+class LabConfigError(ValueError):
+    """A lab option the user gave is wrong; the message names the fix."""
+
+
+def parse_models(text: str | None) -> list[GpuModel]:
+    """``"H100,A100"`` -> models; an empty value means the default model on every node."""
+    if not text:
+        return [MODELS[DEFAULT_MODEL]]
+    names = [part.strip() for part in text.split(",")]
+    wrong = [n for n in names if n not in USER_MODELS]
+    if wrong or not names:
+        raise LabConfigError(
+            f"unknown GPU model(s) {', '.join(repr(w) for w in wrong)} in --models; "
+            f"choose from {','.join(USER_MODELS)} (for example --models H100,A100)")
+    return [MODELS[n] for n in names]
+
+
+def node_name(index: int) -> str:
+    return f"kwok-node-{index}"
+
+
+def node(name: str) -> dict[str, Any]:
+    """A Node that kwok manages (selected by annotation) and that pods can land on."""
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "250"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {NODE_ANNOTATION: "fake"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "type": "kwok"},
+        },
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+def device_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+    }
+
+
+def device_uuid(node: str, index: int) -> str:
+    """Stable per (node, index), like the real driver's seeded UUIDs (the values differ)."""
+    return f"gpu-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{index}')}"
+
+
+def devices(node: str, count: int, model: GpuModel) -> list[dict[str, Any]]:
+    return [{
+        "name": f"gpu-{i}",
+        "attributes": {
+            "index": {"int": i},
+            "uuid": {"string": device_uuid(node, i)},
+            "model": {"string": model.name},
+            "driverVersion": {"version": "1.0.0"},
+        },
+        "capacity": {"memory": {"value": model.memory}, "compute": {"value": model.compute}},
+    } for i in range(count)]
+
+
+def resource_slice(node_name: str, node_uid: str, count: int, model: GpuModel) -> dict[str, Any]:
+    """One slice per node, owned by the Node so that deleting the node garbage-collects it."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "generateName": f"{node_name}-{DRIVER}-",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node_name,
+                                 "uid": node_uid, "controller": True}],
+        },
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices(node_name, count, model),
+        },
+    }
+
+
+def model_for_node(models: list[GpuModel], index: int) -> GpuModel:
+    """Nodes get the models round-robin."""
+    return models[index % len(models)]

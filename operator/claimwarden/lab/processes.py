@@ -1,0 +1,154 @@
+"""Starting, probing and stopping the lab's background processes, always by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message is one line naming the cause and the fix."""
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    binary: str
+    log: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Process:
+        return cls(name=data["name"], pid=int(data["pid"]), binary=data["binary"], log=data["log"])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def is_running(proc: Process) -> bool:
+    """True if the PID is alive and still runs the binary we started (PIDs get reused)."""
+    try:
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if cmdline.split(b"\0", 1)[0].decode(errors="replace") != proc.binary:
+        return False
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Process:
+    """Start ``argv`` in its own session (so it outlives us) with output to ``log_dir/name.log``."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, **(env or {})})
+    return Process(name=name, pid=popen.pid, binary=argv[0], log=str(log_path))
+
+
+def stop(proc: Process, grace: float = 15.0) -> None:
+    """SIGTERM the process group we created, then SIGKILL after ``grace`` seconds."""
+    if not is_running(proc):
+        _reap(proc.pid)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap(proc.pid)
+        if not is_running(proc):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for _ in range(50):
+        _reap(proc.pid)
+        if not is_running(proc):
+            return
+        time.sleep(0.1)
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child, if it is one, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def log_tail(proc: Process, lines: int = 15) -> str:
+    try:
+        text = Path(proc.log).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def explain_exit(proc: Process) -> str:
+    """One line saying why a component died, from what it logged."""
+    tail = log_tail(proc, 60)
+    if "address already in use" in tail:
+        return (f"{proc.name} could not listen: a port it needs is already in use "
+                f"(see {proc.log}); stop what uses it or run 'claimwarden lab down'")
+    last = [line for line in tail.splitlines() if line.strip()]
+    return f"{proc.name} exited during start-up: {last[-1] if last else 'no output'} (log: {proc.log})"
+
+
+def http_ok(url: str, ca_file: str | None = None, timeout: float = 2.0) -> bool:
+    if url.startswith("https"):
+        if ca_file:
+            context = ssl.create_default_context(cafile=ca_file)
+        else:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    else:
+        context = None
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, watched: list[Process],
+               interval: float = 0.25) -> None:
+    """Poll ``check``; fail early with the reason if one of ``watched`` dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in watched:
+            if not is_running(proc):
+                _reap(proc.pid)
+                raise LabError(explain_exit(proc))
+        if check():
+            return
+        time.sleep(interval)
+    logs = ", ".join(p.log for p in watched)
+    raise LabError(f"timed out after {timeout:.0f}s waiting for {what}; see the logs: {logs}")

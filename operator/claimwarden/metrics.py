@@ -1,0 +1,76 @@
+"""Prometheus metrics, served on their own port.
+
+Names are ``claimwarden_*`` in base units; no per-pod or per-claim labels (kube-state-metrics owns
+per-object series).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from importlib.metadata import version
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from . import __version__
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+BUILD_INFO = Gauge("claimwarden_build_info", "Always 1; labels carry the versions claimwarden runs with.",
+                   ["version", "kopf_version", "kubernetes_client_version"], registry=REGISTRY)
+BUILD_INFO.labels(__version__, version("kopf"), version("kubernetes")).set(1)
+
+RECONCILE_TOTAL = Counter("claimwarden_reconcile_total", "Reconciles by controller and result "
+                          "(success, error, requeue).", ["controller", "result"], registry=REGISTRY)
+RECONCILE_DURATION = Histogram("claimwarden_reconcile_duration_seconds", "Time one reconcile took.",
+                               ["controller"], registry=REGISTRY,
+                               buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+WORKQUEUE_DEPTH = Gauge("claimwarden_workqueue_depth", "Keys waiting in a controller's queue.", ["controller"],
+                        registry=REGISTRY)
+WORKQUEUE_ADDS = Counter("claimwarden_workqueue_adds_total", "Keys added to a controller's queue.", ["controller"],
+                         registry=REGISTRY)
+WORKQUEUE_RETRIES = Counter("claimwarden_workqueue_retries_total", "Keys re-queued after a failed reconcile.",
+                            ["controller"], registry=REGISTRY)
+
+CLAIM_CREATIONS = Counter("claimwarden_claim_creations_total", "ResourceClaims created from templates, by "
+                          "result (success, failure).", ["result"], registry=REGISTRY)
+RESERVATIONS_ADDED = Counter("claimwarden_reservations_added_total", "Pods added to status.reservedFor for "
+                             "pods bound to a node without the scheduler.", registry=REGISTRY)
+RESERVATIONS_REMOVED = Counter("claimwarden_reservations_removed_total", "Entries removed from "
+                               "status.reservedFor because their pod was gone, replaced or finished.",
+                               registry=REGISTRY)
+DEALLOCATIONS = Counter("claimwarden_deallocations_total", "Claims whose allocation claimwarden cleared, "
+                        "freeing their devices.", registry=REGISTRY)
+CLAIM_DELETIONS = Counter("claimwarden_claim_deletions_total", "Generated claims deleted because their pod "
+                          "finished.", registry=REGISTRY)
+CLAIMS_NEAR_LIMIT = Gauge("claimwarden_claims_near_reservation_limit", "Claims with at least 90% of the "
+                          "256 status.reservedFor entries in use.", registry=REGISTRY)
+
+
+class ClaimStateCollector(Collector):
+    """``claimwarden_resource_claims{state,source}``, computed from the claim cache at scrape time."""
+
+    def __init__(self, claims: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        self._claims = claims
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("claimwarden_resource_claims", "ResourceClaims by state (pending, "
+                                   "allocated, reserved) and source (resource_claim_template, "
+                                   "extended_resource, user).", labels=["state", "source"])
+        counts: dict[tuple[str, str], int] = {}
+        for state, source in self._claims():
+            counts[(state, source)] = counts.get((state, source), 0) + 1
+        for (state, source), count in sorted(counts.items()):
+            family.add_metric([state, source], count)
+        yield family
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+
+def serve(address: str, port: int) -> WSGIServer:
+    """Start the /metrics endpoint in a daemon thread; the caller shuts it down."""
+    server, _thread = start_http_server(port, addr=address, registry=REGISTRY)
+    return server

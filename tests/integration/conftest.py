@@ -1,0 +1,63 @@
+"""One lab per test session, started through the same code as `claimwarden lab up`.
+
+If the binaries are missing or the lab cannot start, every integration test fails with the
+reason. They never skip: a skipped suite hides exactly the breakage CI exists to catch.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from claimwarden.lab import cluster
+from claimwarden.lab.processes import LabError
+
+from .helpers import delete_namespace
+
+_LAB_ERROR: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LabState]:
+    if _LAB_ERROR:
+        pytest.fail(_LAB_ERROR[0], pytrace=False)
+    directory = tmp_path_factory.mktemp("lab") / "cluster"
+    options = cluster.LabOptions(dir=directory, nodes=2, gpus_per_node=8)
+    try:
+        state = cluster.up(options, say=lambda line: print(f"lab: {line}"))
+    except LabError as exc:
+        _LAB_ERROR.append(f"the lab could not start: {exc}")
+        pytest.fail(_LAB_ERROR[0], pytrace=False)
+    try:
+        yield state
+    finally:
+        if os.environ.get("CLAIMWARDEN_KEEP_LAB"):
+            print(f"lab kept running in {directory} (CLAIMWARDEN_KEEP_LAB)")
+        else:
+            cluster.down(directory, say=lambda line: print(f"lab: {line}"))
+
+
+@pytest.fixture(scope="session")
+def api(lab: cluster.LabState) -> Iterator[client.ApiClient]:
+    api_client = config.new_client_from_config(config_file=str(lab.kubeconfig))
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(api).create_namespace(body={"metadata": {"name": name}})
+    yield name
+    delete_namespace(api, name)
+
+
+@pytest.fixture
+def lab_dir(lab: cluster.LabState) -> Path:
+    return lab.dir

@@ -1,0 +1,55 @@
+"""Small helpers the integration tests share: polling and object builders."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def delete_namespace(api: client.ApiClient, name: str) -> None:
+    try:
+        client.CoreV1Api(api).delete_namespace(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def gpu_claim_spec(device_class: str = "gpu.example.com") -> dict[str, Any]:
+    return {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}
+
+
+def pod_with_claims(name: str, pod_claims: list[dict[str, Any]], containers: list[list[str]] | None = None
+                    ) -> dict[str, Any]:
+    """A pod whose containers use the named pod claims; by default one container uses all of them."""
+    claim_names = [c["name"] for c in pod_claims]
+    containers = containers if containers is not None else [claim_names]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": f"ctr{i}", "image": "registry.example/busybox:1",
+                            "resources": {"claims": [{"name": n} for n in names]}}
+                           for i, names in enumerate(containers)],
+            "resourceClaims": pod_claims,
+        },
+    }

@@ -1,0 +1,90 @@
+"""The lab's start-up guards: bad options, missing binaries, stale and foreign directories."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from claimwarden.lab import binaries, cluster
+from claimwarden.lab.processes import LabError, Process, is_running
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("nodes", 0, "--nodes 0 is out of range"),
+    ("gpus_per_node", 129, "--gpus-per-node 129 is out of range"),
+    ("api_port", 80, "--api-port 80 is out of range"),
+    ("models", "B200", "unknown GPU model"),
+])
+def test_bad_options_are_rejected(field: str, value: object, message: str) -> None:
+    options = cluster.LabOptions(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(LabError, match=message):
+        options.validate()
+
+
+def test_missing_binaries_name_make_bins(tmp_path: Path) -> None:
+    with pytest.raises(LabError, match="run 'make bins'"):
+        binaries.require_binaries(tmp_path)
+
+
+def test_missing_go_toolchain_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LabError, match="no Go toolchain"):
+        binaries.require_binaries(tmp_path)
+
+
+def test_bin_dir_is_versioned_and_overridable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLAIMWARDEN_BIN_DIR", raising=False)
+    assert binaries.bin_dir().parts[-3:] == ("claimwarden", "bin", "v1.34.4")
+    monkeypatch.setenv("CLAIMWARDEN_BIN_DIR", "/opt/bins")
+    assert binaries.bin_dir() == Path("/opt/bins")
+
+
+def test_foreign_directory_is_never_wiped(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(LabError, match="holds no claimwarden lab"):
+        cluster._prepare_dir(tmp_path, print)
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_stale_lab_is_cleared(tmp_path: Path) -> None:
+    directory = tmp_path / "lab"
+    directory.mkdir()
+    state = cluster.LabState(dir=directory, processes=[Process("etcd", _dead_pid(), "/bin/etcd", "x.log")],
+                             ready=True)
+    state.save()
+    said: list[str] = []
+    assert cluster._prepare_dir(directory, said.append) is None
+    assert not directory.exists()
+    assert "stale lab" in said[0]
+
+
+def test_half_running_lab_is_refused(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        state = cluster.LabState(dir=tmp_path, processes=[
+            Process("etcd", sleeper.pid, "sleep", "x.log"), Process("kwok", _dead_pid(), "/bin/kwok", "y.log")],
+            ready=True)
+        state.save()
+        assert is_running(state.processes[0])
+        with pytest.raises(LabError, match=r"half running .*kwok.*lab down"):
+            cluster._prepare_dir(tmp_path, print)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_pid_running_another_binary_is_not_ours() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not is_running(Process("etcd", sleeper.pid, "/usr/bin/etcd", "x.log"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
