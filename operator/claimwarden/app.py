@@ -1,23 +1,41 @@
-"""Kopf wiring only: settings, login, start-up and clean-up."""
+"""Kopf wiring only: settings, login, indices, events -> queues, start-up and clean-up.
+
+Pods, claims and templates belong to others: they are only observed (``kopf.index`` and
+``kopf.on.event``), so claimwarden never writes annotations or finalizers on them. Every event
+just puts keys on a controller's queue; workers reconcile from the indices.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from kubernetes import client as sync_client
-from kubernetes import config as sync_config
 
-from . import __version__, metrics
+from . import __version__, metrics, projections
+from .cache import Cache
+from .claims.controller import ClaimsController
+from .kube.api import Kube
+from .kube.login import client_configuration, connection_info
+from .podclaims import claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
+from .reservations.controller import ReservationsController
+from .workqueue import run_workers
 
 log = logging.getLogger("claimwarden")
 
 ALL_CONTROLLERS = ("claims", "reservations", "health", "metrics")
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+PODS = ("v1", "pods")
+CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
+TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
+INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
+               "templates_by_name")
+RESYNC_SECONDS = 300.0
 
 
 @dataclass
@@ -29,6 +47,18 @@ class RunConfig:
     metrics_port: int = 9090
     kubeconfig: str | None = None
     workers: int = 8
+    server_version: str = "unknown"
+
+
+@dataclass
+class Runtime:
+    """The controllers of this process, reachable from Kopf handlers through the operator memo."""
+
+    cache: Cache
+    kube: Kube
+    claims: ClaimsController | None = None
+    reservations: ReservationsController | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 CONFIG = RunConfig()
@@ -39,11 +69,99 @@ def in_cluster() -> bool:
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     """One explicit login, so credentials never depend on which client libraries are installed."""
-    if in_cluster() and not CONFIG.kubeconfig:
-        return kopf.login_with_service_account(**kwargs)
-    return kopf.login_via_client(**kwargs)
+    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    return connection_info(configuration, settings.networking.trust_env)
+
+
+# --- indices: small projections, keyed for the look-ups the controllers make -------------------
+
+@kopf.index(*PODS)
+async def pods_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    namespace = namespace or ""
+    if not (body.get("spec") or {}).get("resourceClaims"):
+        return None
+    return {(namespace, name): projections.pod(body)}
+
+
+@kopf.index(*PODS)
+async def pods_by_claim(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    namespace = namespace or ""
+    names = [r.claim_name for r in resolve_claim_names(dict(body)) if r.claim_name]
+    return {(namespace, claim): name for claim in names} or None
+
+
+@kopf.index(*PODS)
+async def pods_by_template(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    namespace = namespace or ""
+    templates = [e["resourceClaimTemplateName"] for e in (body.get("spec") or {}).get("resourceClaims") or []
+                 if e.get("resourceClaimTemplateName")]
+    return {(namespace, template): name for template in templates} or None
+
+
+@kopf.index(*CLAIMS)
+async def claims_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    namespace = namespace or ""
+    return {(namespace, name): projections.claim(body)}
+
+
+@kopf.index(*CLAIMS)
+async def claims_by_owner(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    namespace = namespace or ""
+    uid = controlling_pod_uid(dict(body))
+    return {uid: (namespace, name)} if uid else None
+
+
+@kopf.index(*TEMPLATES)
+async def templates_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    namespace = namespace or ""
+    return {(namespace, name): projections.template(body)}
+
+
+# --- events -> queues -----------------------------------------------------------------------
+
+@kopf.on.event(*PODS)
+async def pod_event(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    namespace = namespace or ""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
+        return
+    if runtime.claims:
+        runtime.claims.enqueue_pod(namespace, name)
+    if runtime.reservations:
+        for resolved in resolve_claim_names(dict(body)):
+            if resolved.claim_name:
+                runtime.reservations.enqueue_claim(namespace, resolved.claim_name)
+        for claim in runtime.cache.claims_owned_by(body.get("metadata", {}).get("uid", "")):
+            runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
+
+
+@kopf.on.event(*CLAIMS)
+async def claim_event(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    namespace = namespace or ""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is None:
+        return
+    if runtime.reservations:
+        runtime.reservations.enqueue_claim(namespace, name)
+    if runtime.claims:
+        for pod in runtime.cache.pods_using_claim(namespace, name):
+            runtime.claims.enqueue_pod(namespace, pod)
+        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+                runtime.claims.enqueue_pod(namespace, ref["name"])
+
+
+@kopf.on.event(*TEMPLATES)
+async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Unlike upstream, a template that appears after its pods is noticed at once."""
+    namespace = namespace or ""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is None or runtime.claims is None:
+        return
+    for pod in runtime.cache.pods_using_template(namespace, name):
+        runtime.claims.enqueue_pod(namespace, pod)
 
 
 # --- start-up and clean-up --------------------------------------------------------------------
@@ -59,17 +177,61 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.networking.connect_timeout = 10
     settings.watching.chunk_size = 500
 
-    version = await asyncio.to_thread(_server_version)
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
-             __version__, version, ",".join(CONFIG.controllers))
+             __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
+
+    cache = Cache({name: kwargs[name] for name in INDEX_NAMES})
+    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    runtime = Runtime(cache=cache, kube=kube)
+    if "claims" in CONFIG.controllers:
+        runtime.claims = ClaimsController(cache, kube)
+        runtime.tasks.append(asyncio.create_task(
+            run_workers(runtime.claims.queue, runtime.claims.reconcile, CONFIG.workers), name="claims"))
+    if "reservations" in CONFIG.controllers:
+        runtime.reservations = ReservationsController(cache, kube)
+        runtime.tasks.append(asyncio.create_task(
+            run_workers(runtime.reservations.queue, runtime.reservations.reconcile, CONFIG.workers),
+            name="reservations"))
+        runtime.tasks.append(asyncio.create_task(_resync(runtime), name="resync"))
+    memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
+        metrics.REGISTRY.register(metrics.ClaimStateCollector(lambda: _claim_states(cache)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
+async def _resync(runtime: Runtime) -> None:
+    """Every few minutes look at every claim again, so nothing depends on a single event."""
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        if runtime.reservations:
+            for key in runtime.cache.claim_keys():
+                runtime.reservations.enqueue_claim(*key)
+        if runtime.claims:
+            for key in runtime.cache.pod_keys():
+                runtime.claims.enqueue_pod(*key)
+
+
+def _claim_states(cache: Cache) -> list[tuple[str, str]]:
+    states = []
+    for claim in cache.claims():
+        status = claim.get("status") or {}
+        state = "reserved" if status.get("reservedFor") else "allocated" if is_allocated(claim) else "pending"
+        states.append((state, claim_source(claim)))
+    return states
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None:
+        for task in runtime.tasks:
+            task.cancel()
+        for task in runtime.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await runtime.kube.close()
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()
@@ -82,12 +244,9 @@ def probe_version(**_: Any) -> str:
     return __version__
 
 
-def _server_version() -> str:
+def server_version() -> str:
     """One synchronous GET /version at start-up: proves the credentials work before watching."""
-    if in_cluster() and not CONFIG.kubeconfig:
-        sync_config.load_incluster_config()
-    else:
-        sync_config.load_kube_config(config_file=CONFIG.kubeconfig)
-    with sync_client.ApiClient() as api:
+    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    with sync_client.ApiClient(configuration) as api:
         info = sync_client.VersionApi(api).get_code()
     return str(info.git_version)

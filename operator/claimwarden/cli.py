@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,17 +65,24 @@ def _run(args: argparse.Namespace) -> int:
 
     from . import app
 
-    if args.kubeconfig:
-        if not Path(args.kubeconfig).is_file():
-            print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
-            return 2
-        os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
+        return 2
     app.CONFIG.controllers = args.controllers
     app.CONFIG.kubeconfig = args.kubeconfig
     app.CONFIG.metrics_address = args.metrics_address
     app.CONFIG.metrics_port = args.metrics_port
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
+    if not args.verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        app.CONFIG.server_version = app.server_version()
+    except Exception as exc:
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(f"claimwarden: cannot reach the Kubernetes API ({reason}); "
+              "check --kubeconfig, $KUBECONFIG or the in-cluster service account", file=sys.stderr)
+        return 1
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness)
     return 0
 

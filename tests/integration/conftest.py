@@ -18,6 +18,7 @@ from claimwarden.lab import cluster
 from claimwarden.lab.processes import LabError
 
 from .helpers import delete_namespace
+from .operator import Operator
 
 _LAB_ERROR: list[str] = []
 
@@ -61,3 +62,19 @@ def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
 @pytest.fixture
 def lab_dir(lab: cluster.LabState) -> Path:
     return lab.dir
+
+
+@pytest.fixture(scope="session")
+def operator_process(lab: cluster.LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    """One claimwarden for the session, started on first use; tests may stop or kill it."""
+    log = tmp_path_factory.mktemp("claimwarden") / "claimwarden.log"
+    process = Operator(lab.kubeconfig, log)
+    yield process
+    code = process.stop()
+    assert code in (None, 0), f"claimwarden exited with {code} at the end of the session"
+
+
+@pytest.fixture
+def claimwarden(operator_process: Operator) -> Operator:
+    operator_process.start()
+    return operator_process

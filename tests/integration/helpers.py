@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -53,3 +54,27 @@ def pod_with_claims(name: str, pod_claims: list[dict[str, Any]], containers: lis
             "resourceClaims": pod_claims,
         },
     }
+
+
+def kubectl(lab_bin_dir: str, kubeconfig: str, *args: str) -> str:
+    return subprocess.run([f"{lab_bin_dir}/kubectl", f"--kubeconfig={kubeconfig}", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def claim_states(lab_bin_dir: str, kubeconfig: str, namespace: str) -> dict[str, str]:
+    """NAME -> STATE as `kubectl get resourceclaims` prints them."""
+    out = kubectl(lab_bin_dir, kubeconfig, "get", "resourceclaims", "-n", namespace, "--no-headers")
+    return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip()}
+
+
+def template(name: str, spec: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    body: dict[str, Any] = {"spec": spec or gpu_claim_spec()}
+    if meta:
+        body["metadata"] = meta
+    return {"metadata": {"name": name}, "spec": body}

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from kubernetes import client
@@ -17,6 +16,7 @@ from claimwarden.lab import cluster
 from claimwarden.lab.processes import free_port, is_running
 
 from .helpers import wait_for
+from .operator import fetch
 
 CLI = [sys.executable, "-m", "claimwarden"]
 
@@ -112,13 +112,6 @@ def test_run_connects_serves_liveness_and_metrics_and_exits_on_sigterm(lab: clus
                              "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        def fetch(url: str) -> str | None:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    return str(response.read().decode())
-            except OSError:
-                return None
-
         health = wait_for("liveness endpoint", lambda: fetch(f"http://127.0.0.1:{live}/healthz"), 60)
         assert '"version"' in health
         exposition = wait_for("metrics endpoint", lambda: fetch(f"http://127.0.0.1:{metrics}/metrics"), 30)

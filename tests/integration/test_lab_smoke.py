@@ -7,6 +7,7 @@ import time
 from kubernetes import client
 
 from .helpers import gpu_claim_spec, pod_with_claims, wait_for
+from .operator import Operator
 
 
 def test_standalone_claim_is_allocated_and_pod_runs(api: client.ApiClient, namespace: str) -> None:
@@ -31,8 +32,14 @@ def test_standalone_claim_is_allocated_and_pod_runs(api: client.ApiClient, names
     assert "resource.kubernetes.io/delete-protection" in (claim.metadata.finalizers or [])
 
 
-def test_template_pod_stays_pending_without_claimwarden(api: client.ApiClient, namespace: str) -> None:
+def test_template_pod_stays_pending_without_claimwarden(api: client.ApiClient, namespace: str,
+                                                       operator_process: Operator) -> None:
     """kube-controller-manager's claim controller is off in the default lab: that job is ours."""
+    with operator_process.stopped():
+        _assert_template_pod_stays_pending(api, namespace)
+
+
+def _assert_template_pod_stays_pending(api: client.ApiClient, namespace: str) -> None:
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     resource.create_namespaced_resource_claim_template(namespace, body={
         "metadata": {"name": "gpu-template"}, "spec": {"spec": gpu_claim_spec()}})

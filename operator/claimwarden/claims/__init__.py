@@ -1,0 +1,1 @@
+"""The claims controller: ResourceClaims generated for pods from ResourceClaimTemplates."""

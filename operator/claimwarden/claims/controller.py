@@ -1,0 +1,155 @@
+"""claims: per-pod ResourceClaims from templates (the queue and the API calls; decisions are in plan.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable
+from typing import Any, cast
+
+from .. import metrics
+from ..cache import Body, Cache
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..podclaims import (
+    POD_CLAIM_NAME_ANNOTATION,
+    RESERVED_FOR_MAX,
+    is_allocated,
+    is_being_deleted,
+    is_reserved_for,
+    resolve_claim_names,
+)
+from ..workqueue import WorkQueue
+from . import plan
+
+log = logging.getLogger("claimwarden.claims")
+
+NAME = "claims"
+FAILED_CREATION = "FailedResourceClaimCreation"
+# A claim we just created stays visible to planning until the watch delivers it (upstream keeps a
+# mutation cache for the same reason): without it a quick retry would create a second claim.
+RECENT_TTL = 300.0
+
+
+class ClaimRetry(Exception):
+    """Some pod claims could not be handled yet; the pod is retried with back-off."""
+
+
+class ClaimsController:
+    def __init__(self, cache: Cache, kube: Kube) -> None:
+        self.cache = cache
+        self.kube = kube
+        self.queue = WorkQueue(NAME)
+        self._recent: dict[tuple[str, str], tuple[float, Body]] = {}
+
+    def enqueue_pod(self, namespace: str, name: str) -> None:
+        self.queue.add((namespace, name))
+
+    async def reconcile(self, key: Hashable) -> None:
+        namespace, name = cast(tuple[str, str], key)
+        pod = self.cache.pod(namespace, name)
+        if pod is None:
+            return
+        uid = pod["metadata"].get("uid", "")
+        owned = self._owned_claims(uid)
+        claims = {c["metadata"]["name"]: c for c in owned}
+        for resolved in resolve_claim_names(pod):
+            claim = self.cache.claim(namespace, resolved.claim_name) if resolved.claim_name else None
+            if claim is not None:
+                claims.setdefault(claim["metadata"]["name"], claim)
+        templates = {}
+        for entry in pod["spec"].get("resourceClaims") or []:
+            template_name = entry.get("resourceClaimTemplateName")
+            if template_name:
+                template = self.cache.template(namespace, template_name)
+                if template is not None:
+                    templates[template_name] = template
+
+        pod_plan = plan.plan_pod(pod, claims, owned, templates)
+        failures: list[str] = []
+        recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
+        for create in pod_plan.create:
+            try:
+                created = await self._create(pod, create, templates[create.template_name])
+            except ApiError as exc:
+                metrics.CLAIM_CREATIONS.labels("failure").inc()
+                failures.append(f"PodResourceClaim {create.pod_claim_name}: create ResourceClaim: {exc.message}")
+                continue
+            recorded[create.pod_claim_name] = created["metadata"]["name"]
+        if recorded:
+            entries = [{"name": pcn, "resourceClaimName": claim} for pcn, claim in sorted(recorded.items())]
+            await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+            log.info("pod %s/%s: recorded claims %s", namespace, name,
+                     ", ".join(f"{e['name']}={e['resourceClaimName']}" for e in entries))
+        failures += [f"PodResourceClaim {p.pod_claim_name}: {p.message}" for p in pod_plan.problems]
+        for reserve in pod_plan.reserve:
+            await self._reserve(pod, reserve.claim_name)
+        if plan.duplicate_claims(pod, owned):
+            await self._delete_duplicates(namespace, name, owned, set(recorded.values()))
+        if failures:
+            for message in failures:
+                await self._warn(pod, message)
+            raise ClaimRetry("; ".join(failures))
+
+    def _owned_claims(self, pod_uid: str) -> list[Body]:
+        now = time.monotonic()
+        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by(pod_uid)}
+        for (uid, claim_name), (created_at, body) in list(self._recent.items()):
+            if now - created_at > RECENT_TTL or claim_name in owned:
+                del self._recent[(uid, claim_name)]
+            elif uid == pod_uid:
+                owned[claim_name] = body
+        return list(owned.values())
+
+    async def _create(self, pod: Body, create: plan.CreateClaim, template: Body) -> Body:
+        namespace = pod["metadata"]["namespace"]
+        body = plan.build_claim(pod, create.pod_claim_name, template)
+        created = await self.kube.create_claim(namespace, body)
+        metrics.CLAIM_CREATIONS.labels("success").inc()
+        name = created["metadata"]["name"]
+        self._recent[(pod["metadata"]["uid"], name)] = (time.monotonic(), created)
+        log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
+                 pod["metadata"]["name"], name, create.template_name,
+                 created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))
+        return created
+
+    async def _reserve(self, pod: Body, claim_name: str) -> None:
+        """Reserve an allocated claim for a pod that was bound without the scheduler (fresh read first)."""
+        namespace, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        claim = await self.kube.get_claim(namespace, claim_name)
+        if claim is None or not is_allocated(claim) or is_being_deleted(claim) or is_reserved_for(claim, uid):
+            return
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        if len(reserved) >= RESERVED_FOR_MAX:
+            return
+        entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": uid}
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                      "value": claim["metadata"]["resourceVersion"]}]
+        ops.append({"op": "add", "path": "/status/reservedFor/-", "value": entry} if reserved else
+                   {"op": "add", "path": "/status/reservedFor", "value": [entry]})
+        await self.kube.patch_claim_status(namespace, claim_name, ops)
+        metrics.RESERVATIONS_ADDED.inc()
+        log.info("claim %s/%s: reserved for pre-bound pod %s", namespace, claim_name, pod["metadata"]["name"])
+
+    async def _delete_duplicates(self, namespace: str, name: str, owned: list[Body], keep: set[str]) -> None:
+        """Second claims for one pod claim (another controller raced us) are removed while unused.
+
+        Decided again on a fresh read of the pod, whose status says which claim won.
+        """
+        pod = await self.kube.get_pod(namespace, name)
+        if pod is None:
+            return
+        for duplicate in plan.duplicate_claims(pod, owned):
+            fresh = await self.kube.get_claim(namespace, duplicate)
+            if duplicate in keep or fresh is None or is_allocated(fresh) or \
+                    (fresh.get("status") or {}).get("reservedFor"):
+                continue
+            await self.kube.delete_claim(namespace, duplicate, fresh["metadata"]["uid"])
+            log.info("claim %s/%s: deleted as a duplicate; pod %s uses another claim", namespace, duplicate, name)
+
+    async def _warn(self, pod: Body, message: str) -> None:
+        try:
+            await self.kube.post_event(pod, "Warning", FAILED_CREATION, message)
+        except ApiError as exc:
+            log.warning("could not post event on pod %s/%s: %s", pod["metadata"].get("namespace"),
+                        pod["metadata"].get("name"), exc)

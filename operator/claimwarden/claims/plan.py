@@ -1,0 +1,266 @@
+"""What the claims controller should do for one pod: pure decisions, no I/O.
+
+Follows upstream's resourceclaim controller (pod sync), with two differences: every pod claim is
+handled even when an earlier one has a problem, and a missing claim does not stop the reservation
+of the pod's other claims.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from claimwarden.podclaims import (
+    POD_CLAIM_NAME_ANNOTATION,
+    RESERVED_FOR_MAX,
+    ResolvedClaim,
+    claim_statuses,
+    generate_name,
+    is_allocated,
+    is_being_deleted,
+    is_controlled_by_pod,
+    is_pod_done,
+    is_reserved_for,
+    metadata,
+    pod_claim_name_of,
+    pod_uid,
+    reserved_for,
+    resolve_claim_names,
+    spec,
+)
+
+
+@dataclass(frozen=True)
+class CreateClaim:
+    """Create a claim for `pod_claim_name` from the template `template_name`."""
+
+    pod_claim_name: str
+    template_name: str
+
+
+@dataclass(frozen=True)
+class RecordClaim:
+    """Write `claim_name` (an existing claim, adopted) into the pod's status for `pod_claim_name`."""
+
+    pod_claim_name: str
+    claim_name: str
+
+
+@dataclass(frozen=True)
+class ClaimProblem:
+    """A pod claim that cannot be handled; `message` follows upstream's `PodResourceClaim <name>: ` prefix."""
+
+    pod_claim_name: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReserveClaim:
+    """Add the (scheduled) pod to the claim's status.reservedFor."""
+
+    claim_name: str
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Everything the claims controller should do for one pod."""
+
+    create: tuple[CreateClaim, ...] = ()
+    record: tuple[RecordClaim, ...] = ()
+    problems: tuple[ClaimProblem, ...] = ()
+    reserve: tuple[ReserveClaim, ...] = ()
+
+    @property
+    def idle(self) -> bool:
+        """True when there is nothing to do."""
+        return not (self.create or self.record or self.problems or self.reserve)
+
+
+Generation = CreateClaim | RecordClaim | ClaimProblem
+
+
+# --- the claim body -----------------------------------------------------------------------------
+
+def build_claim(pod: dict[str, Any], pod_claim_name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """The ResourceClaim to create for `pod_claim_name` of `pod` from `template`.
+
+    Template labels and annotations are copied, plus the pod-claim-name annotation; the spec is
+    copied verbatim; the pod is the only owner (controller, no blockOwnerDeletion). Nothing else.
+    """
+    pod_meta = metadata(pod)
+    template_meta = spec(template).get("metadata") or {}
+    claim_meta: dict[str, Any] = {"generateName": generate_name(str(pod_meta.get("name") or ""), pod_claim_name)}
+    if pod_meta.get("namespace"):
+        claim_meta["namespace"] = pod_meta["namespace"]
+    claim_meta["ownerReferences"] = [_pod_owner_reference(pod)]
+    claim_meta["annotations"] = {**(template_meta.get("annotations") or {}), POD_CLAIM_NAME_ANNOTATION: pod_claim_name}
+    if template_meta.get("labels"):
+        claim_meta["labels"] = dict(template_meta["labels"])
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": claim_meta,
+        "spec": copy.deepcopy(spec(template).get("spec") or {}),
+    }
+
+
+def _pod_owner_reference(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": metadata(pod).get("name"),
+        "uid": metadata(pod).get("uid"),
+        "controller": True,
+    }
+
+
+def missing_template_message(template_name: str) -> str:
+    """Upstream's error text for a template that the pod's namespace does not hold."""
+    not_found = f'resourceclaimtemplate.resource.k8s.io "{template_name}" not found'
+    return f'resource claim template "{template_name}": {not_found}'
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+def plan_pod(
+    pod: dict[str, Any],
+    claims: Mapping[str, dict[str, Any]],
+    owned_claims: Sequence[dict[str, Any]],
+    templates: Mapping[str, dict[str, Any]],
+) -> PodPlan:
+    """Decide which claims to create, adopt and reserve for `pod`.
+
+    `claims`: claim name → claim in the pod's namespace; `owned_claims`: claims controlled by the
+    pod's UID; `templates`: template name → template in the pod's namespace.
+    """
+    if is_being_deleted(pod) or is_pod_done(pod):
+        return PodPlan()
+    uid = pod_uid(pod)
+    entries = spec(pod).get("resourceClaims") or []
+    resolved = resolve_claim_names(pod)
+    generations: list[Generation] = []
+    adopted: dict[str, dict[str, Any]] = {}
+    for entry, claim in zip(entries, resolved, strict=True):
+        generation, adoptee = _plan_generation(entry, claim, uid, claims, owned_claims, templates)
+        if generation is not None:
+            generations.append(generation)
+        if adoptee is not None:
+            adopted[claim.pod_claim_name] = adoptee
+    reserve = _plan_reservations(pod, resolved, claims, adopted) if spec(pod).get("nodeName") else ()
+    return PodPlan(
+        create=tuple(g for g in generations if isinstance(g, CreateClaim)),
+        record=tuple(g for g in generations if isinstance(g, RecordClaim)),
+        problems=tuple(g for g in generations if isinstance(g, ClaimProblem)),
+        reserve=reserve,
+    )
+
+
+def _plan_generation(
+    entry: dict[str, Any],
+    resolved: ResolvedClaim,
+    uid: str,
+    claims: Mapping[str, dict[str, Any]],
+    owned_claims: Sequence[dict[str, Any]],
+    templates: Mapping[str, dict[str, Any]],
+) -> tuple[Generation | None, dict[str, Any] | None]:
+    """What one pod claim needs: nothing, an adoption (with the adopted claim), a problem or a creation."""
+    if not resolved.from_template or not resolved.needed:
+        return None, None
+    if _has_usable_generated_claim(resolved, uid, claims):
+        return None, None
+    adoptee = _claim_to_adopt(resolved.pod_claim_name, uid, owned_claims)
+    if adoptee is not None:
+        return RecordClaim(resolved.pod_claim_name, str(metadata(adoptee).get("name"))), adoptee
+    template_name = str(entry.get("resourceClaimTemplateName"))
+    if template_name not in templates:
+        return ClaimProblem(resolved.pod_claim_name, missing_template_message(template_name)), None
+    return CreateClaim(resolved.pod_claim_name, template_name), None
+
+
+def _has_usable_generated_claim(resolved: ResolvedClaim, uid: str, claims: Mapping[str, dict[str, Any]]) -> bool:
+    """True when the status names a claim that exists and is controlled by the pod."""
+    if resolved.claim_name is None:
+        return False
+    claim = claims.get(resolved.claim_name)
+    return claim is not None and is_controlled_by_pod(claim, uid)
+
+
+def _claim_to_adopt(pod_claim_name: str, uid: str, owned_claims: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The oldest claim controlled by the pod, made for this pod claim and not being deleted."""
+    candidates = [
+        claim for claim in owned_claims
+        if is_controlled_by_pod(claim, uid)
+        and pod_claim_name_of(claim) == pod_claim_name
+        and not is_being_deleted(claim)
+    ]
+    return min(candidates, key=_age_order, default=None)
+
+
+def _age_order(claim: dict[str, Any]) -> tuple[bool, str, str]:
+    """Oldest first (RFC 3339 timestamps sort as text), claims without a timestamp last, then by name."""
+    created = metadata(claim).get("creationTimestamp")
+    return (not created, str(created or ""), str(metadata(claim).get("name") or ""))
+
+
+def _plan_reservations(
+    pod: dict[str, Any],
+    resolved: Sequence[ResolvedClaim],
+    claims: Mapping[str, dict[str, Any]],
+    adopted: Mapping[str, dict[str, Any]],
+) -> tuple[ReserveClaim, ...]:
+    """Claims of a scheduled pod that are allocated but not yet reserved for it."""
+    uid = pod_uid(pod)
+    names: list[str] = []
+    for entry in resolved:
+        claim = adopted.get(entry.pod_claim_name) or _known_claim(entry, claims)
+        if claim is None or not _can_reserve(claim, entry, uid):
+            continue
+        name = str(metadata(claim).get("name"))
+        if name not in names:
+            names.append(name)
+    return tuple(ReserveClaim(name) for name in names)
+
+
+def _known_claim(entry: ResolvedClaim, claims: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+    if not entry.needed or entry.claim_name is None:
+        return None
+    return claims.get(entry.claim_name)
+
+
+def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, uid: str) -> bool:
+    if entry.from_template and not is_controlled_by_pod(claim, uid):
+        return False
+    return (
+        is_allocated(claim)
+        and not is_reserved_for(claim, uid)
+        and not is_being_deleted(claim)
+        and len(reserved_for(claim)) < RESERVED_FOR_MAX
+    )
+
+
+# --- duplicates ---------------------------------------------------------------------------------
+
+def duplicate_claims(pod: dict[str, Any], owned_claims: Sequence[dict[str, Any]]) -> list[str]:
+    """Names of surplus claims generated for the pod, safe to delete.
+
+    A claim is surplus when it is controlled by the pod and made for one of its pod claims, while
+    the pod's status names another claim for that pod claim; it must also be unallocated,
+    unreserved and not being deleted. Two controllers racing can each create one.
+    """
+    uid = pod_uid(pod)
+    recorded = claim_statuses(pod)
+    duplicates = []
+    for claim in owned_claims:
+        pod_claim_name = pod_claim_name_of(claim)
+        if not pod_claim_name or not is_controlled_by_pod(claim, uid):
+            continue
+        recorded_name = (recorded.get(pod_claim_name) or {}).get("resourceClaimName")
+        name = metadata(claim).get("name")
+        if not recorded_name or recorded_name == name:
+            continue
+        if is_allocated(claim) or reserved_for(claim) or is_being_deleted(claim):
+            continue
+        duplicates.append(str(name))
+    return sorted(duplicates)

@@ -1,0 +1,1 @@
+"""The thin adapter between claimwarden and the Kubernetes API."""

@@ -1,0 +1,141 @@
+"""The one place claimwarden talks to the Kubernetes API for writes and point reads.
+
+Bodies go in and come out as plain dicts in the API's JSON shape (the same shape Kopf gives
+handlers), so the planning functions never see client models.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes.aio import client as aio
+from kubernetes.aio import config as aio_config
+
+from .errors import ApiError
+
+FIELD_MANAGER = "claimwarden"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+Body = dict[str, Any]
+CORE = "/api/v1"
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+class Kube:
+    """Thin async adapter over ``kubernetes.aio``; one per operator process."""
+
+    def __init__(self, api_client: aio.ApiClient) -> None:
+        self.api_client = api_client
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None, in_cluster: bool) -> Kube:
+        configuration = aio.Configuration()
+        if in_cluster:
+            aio_config.load_incluster_config(client_configuration=configuration)
+        else:
+            await aio_config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
+                                              client_configuration=configuration)
+        configuration.connection_pool_maxsize = 32
+        return cls(aio.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
+                      content_type: str = "application/json", allow_missing: bool = False) -> Body | None:
+        """One raw request; bodies stay dicts so no field is lost to a client model."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = await self.api_client.param_serialize(
+            method=method, resource_path=path, query_params=list((query or {}).items()), header_params=headers,
+            body=body, auth_settings=["BearerToken"])
+        response = await self.api_client.call_api(*params, _preload_content=False)
+        raw = response.response
+        try:
+            text = await raw.text()
+        finally:
+            raw.release()
+        if raw.status >= 400:
+            if allow_missing and raw.status == 404:
+                return None
+            raise ApiError.from_response(raw.status, text)
+        return json.loads(text) if text else {}
+
+    async def _must(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Body:
+        result = await self.request(method, path, body, **kwargs)
+        assert result is not None
+        return result
+
+    # --- pods -------------------------------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> Body | None:
+        return await self.request("GET", _path(CORE, namespace, "pods", name), allow_missing=True)
+
+    async def apply_pod_claim_statuses(self, namespace: str, name: str, entries: list[dict[str, str]]) -> Body:
+        """Server-side apply of only the given ``status.resourceClaimStatuses`` entries (a map list)."""
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                "status": {"resourceClaimStatuses": entries}}
+        return await self._must("PATCH", _path(CORE, namespace, "pods", name, "status"), body,
+                                query={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+
+    # --- resource claims --------------------------------------------------------------------
+
+    async def get_claim(self, namespace: str, name: str) -> Body | None:
+        return await self.request("GET", _path(RESOURCE, namespace, "resourceclaims", name), allow_missing=True)
+
+    async def create_claim(self, namespace: str, body: Body) -> Body:
+        return await self._must("POST", _path(RESOURCE, namespace, "resourceclaims"), body,
+                                query={"fieldManager": FIELD_MANAGER})
+
+    async def patch_claim_status(self, namespace: str, name: str, ops: list[Body]) -> Body:
+        """JSON patch of the status subresource; callers include a resourceVersion ``test`` op."""
+        return await self._must("PATCH", _path(RESOURCE, namespace, "resourceclaims", name, "status"), ops,
+                                query={"fieldManager": FIELD_MANAGER}, content_type=JSON_PATCH)
+
+    async def patch_claim(self, namespace: str, name: str, ops: list[Body]) -> Body:
+        return await self._must("PATCH", _path(RESOURCE, namespace, "resourceclaims", name), ops,
+                                query={"fieldManager": FIELD_MANAGER}, content_type=JSON_PATCH)
+
+    async def delete_claim(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete with a UID precondition; False if it was already gone."""
+        body = {"preconditions": {"uid": uid}}
+        result = await self.request("DELETE", _path(RESOURCE, namespace, "resourceclaims", name), body,
+                                    allow_missing=True)
+        return result is not None
+
+    # --- events -----------------------------------------------------------------------------
+
+    async def post_event(self, involved: Body, event_type: str, reason: str, message: str,
+                         component: str = "claimwarden") -> None:
+        """A core/v1 Event on ``involved`` (a dict with apiVersion, kind and metadata)."""
+        meta = involved.get("metadata", {})
+        namespace = meta.get("namespace") or "default"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                               "name": meta.get("name"), "namespace": meta.get("namespace"),
+                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "type": event_type, "reason": reason, "message": message[:1024],
+            "source": {"component": component}, "reportingComponent": component,
+            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1,
+        }
+        await self._must("POST", _path(CORE, namespace, "events"), body)
+
+
+def _path(prefix: str, namespace: str, resource: str, name: str = "", subresource: str = "") -> str:
+    parts = [prefix, "namespaces", quote(namespace, safe=""), resource]
+    if name:
+        parts.append(quote(name, safe=""))
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,39 @@
+"""Credentials for Kopf, from the official client's loaders (kubeconfig with exec plugins, or in-cluster)."""
+
+from __future__ import annotations
+
+import kopf
+from kubernetes import client, config
+
+
+def client_configuration(kubeconfig: str | None, in_cluster: bool) -> client.Configuration:
+    """A loaded client Configuration; ``kubeconfig=None`` means $KUBECONFIG, then ~/.kube/config."""
+    configuration = client.Configuration()
+    if in_cluster:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=kubeconfig or config.KUBE_CONFIG_DEFAULT_LOCATION,
+                                client_configuration=configuration)
+    return configuration
+
+
+def connection_info(configuration: client.Configuration, trust_env: bool) -> kopf.ConnectionInfo:
+    """What Kopf needs from a loaded client Configuration (token, client certificate or basic auth)."""
+    header = (configuration.get_api_key_with_prefix("BearerToken")
+              or configuration.get_api_key_with_prefix("authorization"))
+    scheme, token = None, None
+    if header:
+        parts = header.split(" ", 1)
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        trust_env=trust_env,
+    )

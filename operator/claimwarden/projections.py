@@ -1,0 +1,52 @@
+"""Small copies of watched objects, in their API shape, for the in-memory indices.
+
+Only the fields the controllers decide on are kept (no managedFields, no container specs), so a
+cluster with many pods costs little memory. Each projection is still a valid input to the
+planning functions, which read objects in the raw JSON shape.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+Body = dict[str, Any]
+_META_KEYS = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp")
+
+
+def _meta(body: Mapping[str, Any], *extra: str) -> Body:
+    meta = body.get("metadata") or {}
+    return {k: copy.deepcopy(meta[k]) for k in (*_META_KEYS, *extra) if meta.get(k) is not None}
+
+
+def pod(body: Mapping[str, Any]) -> Body:
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": _meta(body),
+        "spec": {"nodeName": spec.get("nodeName"),
+                 "resourceClaims": copy.deepcopy(spec.get("resourceClaims") or [])},
+        "status": {"phase": status.get("phase"),
+                   "resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])},
+    }
+
+
+def claim(body: Mapping[str, Any]) -> Body:
+    status = body.get("status") or {}
+    projected: Body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": _meta(body, "annotations", "labels", "ownerReferences", "finalizers"),
+                       "status": {}}
+    allocation = status.get("allocation")
+    if allocation:
+        devices = allocation.get("devices") or {}
+        projected["status"]["allocation"] = {"devices": {"results": copy.deepcopy(devices.get("results") or [])}}
+    if status.get("reservedFor"):
+        projected["status"]["reservedFor"] = copy.deepcopy(status["reservedFor"])
+    return projected
+
+
+def template(body: Mapping[str, Any]) -> Body:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": _meta(body), "spec": copy.deepcopy(dict(body.get("spec") or {}))}

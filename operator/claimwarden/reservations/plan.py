@@ -1,0 +1,152 @@
+"""What the reservations controller should do for one claim: pure decisions, no I/O.
+
+Follows upstream's resourceclaim controller (claim sync), plus what upstream leaves undone:
+reservations that are not pods (PodGroups) are kept instead of stopping all work on the claim,
+and a claim near the 256-entry reservedFor limit is flagged.
+
+A pod "view" is the little of a pod this needs: `{"uid", "phase", "nodeName", "deleting"}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from claimwarden.podclaims import (
+    DELETE_PROTECTION_FINALIZER,
+    RESERVED_FOR_MAX,
+    TERMINAL_PHASES,
+    controlling_pod_uid,
+    has_finalizer,
+    is_allocated,
+    is_being_deleted,
+    metadata,
+    reserved_for,
+    spec,
+    status,
+)
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Everything the reservations controller should do for one claim."""
+
+    drop: tuple[dict[str, Any], ...] = ()
+    """reservedFor entries to remove."""
+    keep: tuple[dict[str, Any], ...] = ()
+    """reservedFor entries that stay."""
+    deallocate: bool = False
+    """Clear status.allocation (in the same status write as the drops)."""
+    remove_finalizer: bool = False
+    """Then remove the delete-protection finalizer."""
+    delete_claim: bool = False
+    """Then delete the claim (a generated claim whose pod is finished or replaced)."""
+    unknown_pods: tuple[str, ...] = ()
+    """Pods missing from the cache: confirm with a live GET, then plan again."""
+    near_limit: bool = False
+    """reservedFor is close to its 256-entry limit."""
+
+
+def pod_view(pod: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a pod that reservation decisions use; None for a pod that does not exist."""
+    if pod is None:
+        return None
+    return {
+        "uid": str(metadata(pod).get("uid") or ""),
+        "phase": status(pod).get("phase") or None,
+        "nodeName": spec(pod).get("nodeName") or None,
+        "deleting": is_being_deleted(pod),
+    }
+
+
+def is_view_done(view: Mapping[str, Any]) -> bool:
+    """True when the viewed pod no longer needs its claims (terminal, or deleted before scheduling)."""
+    if view.get("phase") in TERMINAL_PHASES:
+        return True
+    return bool(view.get("deleting")) and not view.get("nodeName")
+
+
+def is_pod_reservation(entry: Mapping[str, Any]) -> bool:
+    """True for a reservedFor entry that names a core pod."""
+    return (entry.get("apiGroup") or "") == "" and entry.get("resource") == "pods"
+
+
+def plan_claim(
+    claim: dict[str, Any],
+    pods: Mapping[str, dict[str, Any] | None],
+    owner: dict[str, Any] | None,
+    limit_ratio: float = 0.9,
+) -> ClaimPlan:
+    """Decide which reservations of `claim` to drop and whether to deallocate, unprotect or delete it.
+
+    `pods`: pod name → view (None = confirmed gone) for the claim's namespace; a reserved pod that
+    is absent from it is unknown, and then nothing destructive is planned. `owner`: view of the
+    claim's controlling pod when it has one and it is in the cache, else None.
+    """
+    entries = reserved_for(claim)
+    unknown = _unknown_pods(entries, pods)
+    if unknown:
+        return ClaimPlan(keep=tuple(entries), unknown_pods=unknown, near_limit=_near_limit(entries, limit_ratio))
+    drop = [entry for entry in entries if _should_drop(entry, pods)]
+    keep = [entry for entry in entries if not _should_drop(entry, pods)]
+    deallocate, remove_finalizer = _release(claim, dropped=bool(drop), remaining=bool(keep))
+    return ClaimPlan(
+        drop=tuple(drop),
+        keep=tuple(keep),
+        deallocate=deallocate,
+        remove_finalizer=remove_finalizer,
+        delete_claim=not keep and _owner_is_finished(claim, owner),
+        near_limit=_near_limit(keep, limit_ratio),
+    )
+
+
+def _unknown_pods(entries: list[dict[str, Any]], pods: Mapping[str, dict[str, Any] | None]) -> tuple[str, ...]:
+    names: list[str] = []
+    for entry in entries:
+        name = str(entry.get("name") or "")
+        if is_pod_reservation(entry) and name not in pods and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _should_drop(entry: dict[str, Any], pods: Mapping[str, dict[str, Any] | None]) -> bool:
+    """A pod reservation whose pod is gone, replaced (other UID) or done; never a non-pod entry."""
+    if not is_pod_reservation(entry):
+        return False
+    view = pods.get(str(entry.get("name") or ""))
+    if view is None:
+        return True
+    return view.get("uid") != entry.get("uid") or is_view_done(view)
+
+
+def _release(claim: dict[str, Any], *, dropped: bool, remaining: bool) -> tuple[bool, bool]:
+    """(deallocate, remove_finalizer).
+
+    Only a claim protected by the delete-protection finalizer is released: when this plan drops its
+    last reservation, or when it is being deleted with no reservations (unblocking the deletion).
+    A claim that simply was never reserved keeps its allocation.
+    """
+    if not has_finalizer(claim, DELETE_PROTECTION_FINALIZER) or remaining:
+        return False, False
+    if dropped:
+        return True, True
+    if is_being_deleted(claim):
+        return is_allocated(claim), True
+    return False, False
+
+
+def _owner_is_finished(claim: dict[str, Any], owner: Mapping[str, Any] | None) -> bool:
+    """True when the claim's controlling pod (known in the cache) is replaced or done.
+
+    A claim whose owner is missing from the cache is left to the garbage collector; a claim without a
+    pod owner (a user's claim) is never deleted; nor is one already being deleted.
+    """
+    owner_uid = controlling_pod_uid(claim)
+    if owner_uid is None or owner is None or is_being_deleted(claim):
+        return False
+    return owner.get("uid") != owner_uid or is_view_done(owner)
+
+
+def _near_limit(entries: list[dict[str, Any]], limit_ratio: float) -> bool:
+    return len(entries) >= limit_ratio * RESERVED_FOR_MAX

@@ -1,0 +1,145 @@
+"""A level-based work queue: events add keys, workers reconcile them, failures retry with back-off.
+
+Semantics follow client-go's workqueue: a key is queued at most once; a key added while it is
+being processed is processed again afterwards (never by two workers at once); failures back off
+exponentially per key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+
+from . import metrics
+
+log = logging.getLogger("claimwarden.workqueue")
+
+
+@dataclass(frozen=True)
+class Requeue(Exception):
+    """Raised by a reconcile to look at the key again after ``delay`` seconds (not an error)."""
+
+    delay: float
+    why: str = ""
+
+
+class WorkQueue:
+    def __init__(self, name: str, base_delay: float = 0.05, max_delay: float = 300.0) -> None:
+        self.name = name
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
+        self._dirty: set[Hashable] = set()
+        self._processing: set[Hashable] = set()
+        self._failures: dict[Hashable, int] = {}
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._depth = metrics.WORKQUEUE_DEPTH.labels(name)
+        self._adds = metrics.WORKQUEUE_ADDS.labels(name)
+
+    def add(self, key: Hashable) -> None:
+        if key in self._dirty:
+            return
+        self._adds.inc()
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.put_nowait(key)
+            self._depth.set(self._queue.qsize())
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        existing = self._timers.get(key)
+        due = loop.time() + delay
+        if existing is not None and existing.when() <= due:
+            return
+        if existing is not None:
+            existing.cancel()
+        self._timers[key] = loop.call_at(due, self._fire, key)
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def retry(self, key: Hashable) -> float:
+        """Re-add after the key's next back-off delay; returns that delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(self.base_delay * (2 ** failures), self.max_delay)
+        metrics.WORKQUEUE_RETRIES.labels(self.name).inc()
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: Hashable) -> None:
+        self._failures.pop(key, None)
+
+    def failures(self, key: Hashable) -> int:
+        return self._failures.get(key, 0)
+
+    async def get(self) -> Hashable:
+        key = await self._queue.get()
+        self._processing.add(key)
+        self._dirty.discard(key)
+        self._depth.set(self._queue.qsize())
+        return key
+
+    def done(self, key: Hashable) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._queue.put_nowait(key)
+            self._depth.set(self._queue.qsize())
+
+    def __len__(self) -> int:
+        return self._queue.qsize()
+
+    def shutdown(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+Reconcile = Callable[[Hashable], Awaitable[None]]
+
+
+async def run_workers(queue: WorkQueue, reconcile: Reconcile, workers: int) -> None:
+    """Run ``workers`` tasks that take keys from ``queue`` until cancelled."""
+    async with asyncio.TaskGroup() as group:
+        for i in range(workers):
+            group.create_task(_worker(queue, reconcile), name=f"{queue.name}-worker-{i}")
+
+
+async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
+    duration = metrics.RECONCILE_DURATION.labels(queue.name)
+    while True:
+        key = await queue.get()
+        started = time.monotonic()
+        try:
+            await reconcile(key)
+        except asyncio.CancelledError:
+            queue.done(key)
+            raise
+        except Requeue as again:
+            metrics.RECONCILE_TOTAL.labels(queue.name, "requeue").inc()
+            queue.forget(key)
+            queue.add_after(key, again.delay)
+        except Exception as exc:
+            metrics.RECONCILE_TOTAL.labels(queue.name, "error").inc()
+            delay = queue.retry(key)
+            log.warning("%s: reconciling %s failed (retry in %.1fs): %s", queue.name, key, delay, exc,
+                        exc_info=queue.failures(key) == 1 and not _expected(exc))
+        else:
+            metrics.RECONCILE_TOTAL.labels(queue.name, "success").inc()
+            queue.forget(key)
+        finally:
+            duration.observe(time.monotonic() - started)
+            queue.done(key)
+
+
+def _expected(exc: Exception) -> bool:
+    from .kube.errors import ApiError
+
+    return isinstance(exc, ApiError)

@@ -1,0 +1,98 @@
+"""claimwarden as a separate process against a lab, the way a user runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from claimwarden.lab.processes import free_port
+
+from .helpers import wait_for
+
+
+def fetch(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+class Operator:
+    """Start, stop and SIGKILL one `claimwarden run`, logging to ``log_path``."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str] | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness_port = free_port()
+        self.metrics_port = free_port()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
+             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for("claimwarden's liveness endpoint", self._alive, 60)
+
+    def _alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"claimwarden exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        return fetch(f"http://127.0.0.1:{self.liveness_port}/healthz") is not None
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up handlers run, as when a node dies under the operator."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        was_running = self.running
+        self.stop()
+        try:
+            yield
+        finally:
+            if was_running:
+                self.start()
+
+    def metrics(self) -> str:
+        text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        assert text is not None, "claimwarden's metrics endpoint did not answer"
+        return text
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
