@@ -22,8 +22,9 @@ from .cache import Cache
 from .claims.controller import ClaimsController
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
-from .podclaims import claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
+from .podclaims import RESERVED_FOR_MAX, claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
 from .reservations.controller import ReservationsController
+from .reservations.plan import NEAR_LIMIT_RATIO
 from .workqueue import run_workers
 
 log = logging.getLogger("claimwarden")
@@ -196,7 +197,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
-        metrics.REGISTRY.register(metrics.ClaimStateCollector(lambda: _claim_states(cache)))
+        metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
@@ -213,13 +214,13 @@ async def _resync(runtime: Runtime) -> None:
                 runtime.claims.enqueue_pod(*key)
 
 
-def _claim_states(cache: Cache) -> list[tuple[str, str]]:
-    states = []
+def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
+    samples = []
     for claim in cache.claims():
-        status = claim.get("status") or {}
-        state = "reserved" if status.get("reservedFor") else "allocated" if is_allocated(claim) else "pending"
-        states.append((state, claim_source(claim)))
-    return states
+        reserved = len((claim.get("status") or {}).get("reservedFor") or [])
+        state = "reserved" if reserved else "allocated" if is_allocated(claim) else "pending"
+        samples.append(metrics.ClaimSample(state, claim_source(claim), reserved >= NEAR_LIMIT_RATIO * RESERVED_FOR_MAX))
+    return samples
 
 
 @kopf.on.cleanup()

@@ -7,6 +7,7 @@ per-object series).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from importlib.metadata import version
 from wsgiref.simple_server import WSGIServer
 
@@ -45,26 +46,37 @@ DEALLOCATIONS = Counter("claimwarden_deallocations_total", "Claims whose allocat
                         "freeing their devices.", registry=REGISTRY)
 CLAIM_DELETIONS = Counter("claimwarden_claim_deletions_total", "Generated claims deleted because their pod "
                           "finished.", registry=REGISTRY)
-CLAIMS_NEAR_LIMIT = Gauge("claimwarden_claims_near_reservation_limit", "Claims with at least 90% of the "
-                          "256 status.reservedFor entries in use.", registry=REGISTRY)
 
 
-class ClaimStateCollector(Collector):
-    """``claimwarden_resource_claims{state,source}``, computed from the claim cache at scrape time."""
+@dataclass(frozen=True)
+class ClaimSample:
+    state: str  # pending, allocated, reserved
+    source: str  # resource_claim_template, extended_resource, user
+    near_limit: bool
 
-    def __init__(self, claims: Callable[[], Iterable[tuple[str, str]]]) -> None:
+
+class ClaimCollector(Collector):
+    """Claim gauges computed from the claim cache at scrape time (no per-claim series)."""
+
+    def __init__(self, claims: Callable[[], Iterable[ClaimSample]]) -> None:
         self._claims = claims
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily("claimwarden_resource_claims", "ResourceClaims by state (pending, "
-                                   "allocated, reserved) and source (resource_claim_template, "
-                                   "extended_resource, user).", labels=["state", "source"])
+        by_state = GaugeMetricFamily("claimwarden_resource_claims", "ResourceClaims by state (pending, "
+                                     "allocated, reserved) and source (resource_claim_template, "
+                                     "extended_resource, user).", labels=["state", "source"])
+        near = GaugeMetricFamily("claimwarden_claims_near_reservation_limit", "Claims with at least 90% of "
+                                 "the 256 status.reservedFor entries in use.")
         counts: dict[tuple[str, str], int] = {}
-        for state, source in self._claims():
-            counts[(state, source)] = counts.get((state, source), 0) + 1
+        near_limit = 0
+        for sample in self._claims():
+            counts[(sample.state, sample.source)] = counts.get((sample.state, sample.source), 0) + 1
+            near_limit += sample.near_limit
         for (state, source), count in sorted(counts.items()):
-            family.add_metric([state, source], count)
-        yield family
+            by_state.add_metric([state, source], count)
+        near.add_metric([], near_limit)
+        yield by_state
+        yield near
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []

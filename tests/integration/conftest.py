@@ -6,10 +6,12 @@ reason. They never skip: a skipped suite hides exactly the breakage CI exists to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -78,3 +80,17 @@ def operator_process(lab: cluster.LabState, tmp_path_factory: pytest.TempPathFac
 def claimwarden(operator_process: Operator) -> Operator:
     operator_process.start()
     return operator_process
+
+
+@contextlib.contextmanager
+def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Iterator[cluster.LabState]:
+    """A second lab for tests that need other options or more devices; stopped afterwards."""
+    directory = tmp_path_factory.mktemp("extra-lab") / "cluster"
+    try:
+        state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
+    except LabError as exc:
+        pytest.fail(f"the extra lab could not start: {exc}", pytrace=False)
+    try:
+        yield state
+    finally:
+        cluster.down(directory, say=lambda line: print(f"lab: {line}"))

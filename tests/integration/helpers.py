@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kubernetes import client
@@ -78,3 +79,16 @@ def template(name: str, spec: dict[str, Any] | None = None, labels: dict[str, st
     if meta:
         body["metadata"] = meta
     return {"metadata": {"name": name}, "spec": body}
+
+
+def create_pods(api: client.ApiClient, namespace: str, bodies: list[dict[str, Any]], workers: int = 8) -> None:
+    """Create many pods concurrently (the sync client is thread-safe)."""
+    core = client.CoreV1Api(api)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda body: core.create_namespaced_pod(namespace, body=body), bodies))
+
+
+def delete_pods(api: client.ApiClient, namespace: str, names: list[str], workers: int = 8) -> None:
+    core = client.CoreV1Api(api)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda name: core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), names))

@@ -287,6 +287,24 @@ def test_adoption_prefers_the_oldest_claim() -> None:
     assert plan.record == (RecordClaim("gpu", "pod1-gpu-zzzzz"),)
 
 
+def test_claim_reserved_for_the_pod_wins_over_the_one_the_status_names() -> None:
+    """Beside kube-controller-manager the status can name one claim while the scheduler used another."""
+    pod = make_pod([template_entry()], [{"name": "gpu", "resourceClaimName": "pod1-gpu-named"}], node="n1")
+    named = make_claim("pod1-gpu-named", owner_uid=POD_UID, pod_claim="gpu")
+    in_use = make_claim("pod1-gpu-inuse", owner_uid=POD_UID, pod_claim="gpu", allocated=True, reserved_uid=POD_UID)
+    plan = plan_pod(pod, by_name(named, in_use), [named, in_use], TEMPLATES)
+    assert plan == PodPlan(record=(RecordClaim("gpu", "pod1-gpu-inuse"),))
+    recorded = make_pod([template_entry()], [{"name": "gpu", "resourceClaimName": "pod1-gpu-inuse"}], node="n1")
+    assert duplicate_claims(recorded, [named, in_use]) == ["pod1-gpu-named"]
+
+
+def test_claim_reserved_for_another_pod_does_not_win() -> None:
+    pod = make_pod([template_entry()], [{"name": "gpu", "resourceClaimName": "pod1-gpu-named"}], node="n1")
+    named = make_claim("pod1-gpu-named", owner_uid=POD_UID, pod_claim="gpu")
+    other = make_claim("pod1-gpu-other", owner_uid=POD_UID, pod_claim="gpu", allocated=True, reserved=1)
+    assert plan_pod(pod, by_name(named, other), [named, other], TEMPLATES).idle
+
+
 def test_adoption_breaks_timestamp_ties_by_name() -> None:
     second = make_claim("pod1-gpu-bbbbb", owner_uid=POD_UID, pod_claim="gpu")
     first = make_claim("pod1-gpu-aaaaa", owner_uid=POD_UID, pod_claim="gpu")

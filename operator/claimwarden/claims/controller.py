@@ -144,7 +144,14 @@ class ClaimsController:
             if duplicate in keep or fresh is None or is_allocated(fresh) or \
                     (fresh.get("status") or {}).get("reservedFor"):
                 continue
-            await self.kube.delete_claim(namespace, duplicate, fresh["metadata"]["uid"])
+            # The resourceVersion precondition makes the delete fail if the scheduler took it meanwhile.
+            try:
+                await self.kube.delete_claim(namespace, duplicate, fresh["metadata"]["uid"],
+                                             fresh["metadata"]["resourceVersion"])
+            except ApiError as exc:
+                if exc.conflict:
+                    continue
+                raise
             log.info("claim %s/%s: deleted as a duplicate; pod %s uses another claim", namespace, duplicate, name)
 
     async def _warn(self, pod: Body, message: str) -> None:

@@ -168,6 +168,9 @@ def _plan_generation(
     """What one pod claim needs: nothing, an adoption (with the adopted claim), a problem or a creation."""
     if not resolved.from_template or not resolved.needed:
         return None, None
+    in_use = _claim_in_use(resolved, uid, owned_claims)
+    if in_use is not None:
+        return RecordClaim(resolved.pod_claim_name, str(metadata(in_use).get("name"))), in_use
     if _has_usable_generated_claim(resolved, uid, claims):
         return None, None
     adoptee = _claim_to_adopt(resolved.pod_claim_name, uid, owned_claims)
@@ -185,6 +188,19 @@ def _has_usable_generated_claim(resolved: ResolvedClaim, uid: str, claims: Mappi
         return False
     claim = claims.get(resolved.claim_name)
     return claim is not None and is_controlled_by_pod(claim, uid)
+
+
+def _claim_in_use(resolved: ResolvedClaim, uid: str, owned_claims: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """A claim of this pod claim that is reserved for the pod while the status names another one.
+
+    Two controllers writing the status (claimwarden beside kube-controller-manager) can leave it
+    naming one claim while the scheduler reserved the other; the claim in use is the truth.
+    """
+    for claim in owned_claims:
+        if (pod_claim_name_of(claim) == resolved.pod_claim_name and is_controlled_by_pod(claim, uid)
+                and is_reserved_for(claim, uid) and metadata(claim).get("name") != resolved.claim_name):
+            return claim
+    return None
 
 
 def _claim_to_adopt(pod_claim_name: str, uid: str, owned_claims: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

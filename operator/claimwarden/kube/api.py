@@ -101,9 +101,12 @@ class Kube:
         return await self._must("PATCH", _path(RESOURCE, namespace, "resourceclaims", name), ops,
                                 query={"fieldManager": FIELD_MANAGER}, content_type=JSON_PATCH)
 
-    async def delete_claim(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete with a UID precondition; False if it was already gone."""
-        body = {"preconditions": {"uid": uid}}
+    async def delete_claim(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> bool:
+        """Delete with a UID (and optionally resourceVersion) precondition; False if it was already gone."""
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        body = {"preconditions": preconditions}
         result = await self.request("DELETE", _path(RESOURCE, namespace, "resourceclaims", name), body,
                                     allow_missing=True)
         return result is not None

@@ -55,7 +55,7 @@ def node_name(index: int) -> str:
 
 def node(name: str) -> dict[str, Any]:
     """A Node that kwok manages (selected by annotation) and that pods can land on."""
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "250"}
+    resources = {"cpu": "256", "memory": "2Ti", "pods": "1000"}
     return {
         "apiVersion": "v1",
         "kind": "Node",

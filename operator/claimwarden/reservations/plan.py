@@ -27,6 +27,9 @@ from claimwarden.podclaims import (
     status,
 )
 
+# A claim this full of reservations gets a Warning Event and counts as near the limit.
+NEAR_LIMIT_RATIO = 0.9
+
 
 @dataclass(frozen=True)
 class ClaimPlan:
@@ -76,7 +79,7 @@ def plan_claim(
     claim: dict[str, Any],
     pods: Mapping[str, dict[str, Any] | None],
     owner: dict[str, Any] | None,
-    limit_ratio: float = 0.9,
+    limit_ratio: float = NEAR_LIMIT_RATIO,
 ) -> ClaimPlan:
     """Decide which reservations of `claim` to drop and whether to deallocate, unprotect or delete it.
 
