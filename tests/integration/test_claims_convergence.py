@@ -58,16 +58,18 @@ def _wait_converged(api: client.ApiClient, namespace: str, what: str, timeout: f
         raise AssertionError(f"{exc}; still wrong: {_problems(api, namespace)[:10]}") from None
 
 
-def _client(lab: LabState) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(lab.kubeconfig))
+def _client_with_template(lab: LabState, namespace: str) -> client.ApiClient:
+    """A client for ``lab`` and a new namespace there holding the template the pods use."""
+    api = config.new_client_from_config(config_file=str(lab.kubeconfig))
+    client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    return api
 
 
 def test_sigkill_during_churn_converges_after_restart(churn_lab: LabState,
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
-    api = _client(churn_lab)
     namespace = "churn"
-    client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
-    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    api = _client_with_template(churn_lab, namespace)
     operator = Operator(churn_lab.kubeconfig, tmp_path_factory.mktemp("churn") / "claimwarden.log")
     operator.start()
     names = [f"pod-{i:03d}" for i in range(100)]
@@ -105,10 +107,8 @@ def upstream_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]
 
 def test_beside_upstream_controller_every_pod_gets_exactly_one_claim(
         upstream_lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> None:
-    api = _client(upstream_lab)
     namespace = "side-by-side"
-    client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
-    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    api = _client_with_template(upstream_lab, namespace)
     operator = Operator(upstream_lab.kubeconfig, tmp_path_factory.mktemp("side") / "claimwarden.log")
     operator.start()
     try:
