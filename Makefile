@@ -34,6 +34,7 @@ lab-down: venv ## stop the local lab and remove its state
 
 demo: lab ## build what is missing, start the lab, show it, and run claimwarden on it (Ctrl-C stops it)
 	@eval "$$($(BIN)/claimwarden lab env --dir $(LAB_DIR))" && \
+	  kubectl apply -f crds/ && kubectl wait --for=condition=Established --timeout=60s crd --all && \
 	  kubectl version && kubectl get nodes -o wide && kubectl get deviceclasses,resourceslices
 	@echo "claimwarden runs against the lab now; Ctrl-C stops it, 'make lab-down' stops the lab"
 	$(BIN)/claimwarden run --kubeconfig $(KUBECONFIG_LAB) --liveness http://127.0.0.1:8080/healthz \

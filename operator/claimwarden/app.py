@@ -20,6 +20,8 @@ from kubernetes import client as sync_client
 from . import __version__, metrics, projections
 from .cache import Cache
 from .claims.controller import ClaimsController
+from .health import records
+from .health.controller import HealthController
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
 from .podclaims import RESERVED_FOR_MAX, claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
@@ -34,9 +36,13 @@ SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 PODS = ("v1", "pods")
 CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
+SLICES = ("resource.k8s.io", "v1", "resourceslices")
+RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
                "templates_by_name")
+HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
 RESYNC_SECONDS = 300.0
+FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
 
 
 @dataclass
@@ -47,6 +53,7 @@ class RunConfig:
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 9090
     kubeconfig: str | None = None
+    namespace: str = "claimwarden-system"
     workers: int = 8
     server_version: str = "unknown"
 
@@ -59,6 +66,7 @@ class Runtime:
     kube: Kube
     claims: ClaimsController | None = None
     reservations: ReservationsController | None = None
+    health: HealthController | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -120,6 +128,14 @@ async def templates_by_name(namespace: str | None, name: str, body: kopf.Body, *
     return {(namespace, name): projections.template(body)}
 
 
+async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: projections.resource_slice(body)}
+
+
+async def records_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: projections.record(body)}
+
+
 # --- events -> queues -----------------------------------------------------------------------
 
 @kopf.on.event(*PODS)
@@ -146,12 +162,34 @@ async def claim_event(namespace: str | None, name: str, body: kopf.Body, memo: k
         return
     if runtime.reservations:
         runtime.reservations.enqueue_claim(namespace, name)
+    if runtime.health:
+        runtime.health.enqueue_for_claim(namespace, name, dict(body))
     if runtime.claims:
         for pod in runtime.cache.pods_using_claim(namespace, name):
             runtime.claims.enqueue_pod(namespace, pod)
         for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
                 runtime.claims.enqueue_pod(namespace, ref["name"])
+
+
+async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None and runtime.health is not None:
+        runtime.health.enqueue_slice(name)
+
+
+async def record_event(name: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None and runtime.health is not None:
+        runtime.health.enqueue_record(name)
+
+
+def register_health_handlers() -> None:
+    """Watch slices and UnhealthyDevice records only when the health controller runs (its CRD may be absent)."""
+    kopf.index(*SLICES)(slices_by_name)
+    kopf.index(*RECORDS)(records_by_name)
+    kopf.on.event(*SLICES)(slice_event)
+    kopf.on.event(*RECORDS)(record_event)
 
 
 @kopf.on.event(*TEMPLATES)
@@ -188,12 +226,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.claims = ClaimsController(cache, kube)
         runtime.tasks.append(asyncio.create_task(
             run_workers(runtime.claims.queue, runtime.claims.reconcile, CONFIG.workers), name="claims"))
+    if "health" in CONFIG.controllers:
+        slices, record_index = kwargs["slices_by_name"], kwargs["records_by_name"]
+        runtime.health = HealthController(
+            cache, kube, CONFIG.namespace,
+            slices=lambda: _values(slices), slice_by_name=lambda n: _first(slices, n),
+            record_by_name=lambda n: _first(record_index, n), all_records=lambda: _values(record_index))
+        for queue, reconcile in ((runtime.health.slice_queue, runtime.health.reconcile_slice),
+                                 (runtime.health.record_queue, runtime.health.reconcile_record),
+                                 (runtime.health.eviction_queue, runtime.health.reconcile_eviction)):
+            runtime.tasks.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
     if "reservations" in CONFIG.controllers:
-        runtime.reservations = ReservationsController(cache, kube)
+        runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
+                                                      else None)
         runtime.tasks.append(asyncio.create_task(
             run_workers(runtime.reservations.queue, runtime.reservations.reconcile, CONFIG.workers),
             name="reservations"))
-        runtime.tasks.append(asyncio.create_task(_resync(runtime), name="resync"))
+    runtime.tasks.append(asyncio.create_task(_resync(runtime), name="resync"))
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
@@ -203,15 +252,34 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 
 
 async def _resync(runtime: Runtime) -> None:
-    """Every few minutes look at every claim again, so nothing depends on a single event."""
+    """Every few minutes look at everything again, so nothing depends on a single event."""
+    delay = FIRST_RESYNC_SECONDS
     while True:
-        await asyncio.sleep(RESYNC_SECONDS)
+        await asyncio.sleep(delay)
+        delay = RESYNC_SECONDS
         if runtime.reservations:
             for key in runtime.cache.claim_keys():
                 runtime.reservations.enqueue_claim(*key)
         if runtime.claims:
             for key in runtime.cache.pod_keys():
                 runtime.claims.enqueue_pod(*key)
+        if runtime.health:
+            for record in runtime.health.record_names():
+                runtime.health.enqueue_record(record)
+            try:
+                await runtime.health.release_orphaned_quarantine()
+            except Exception as exc:
+                log.warning("releasing orphaned quarantine claims failed: %s", exc)
+
+
+def _values(index: Any) -> list[Any]:
+    return [value for key in list(index) for value in index[key]]
+
+
+def _first(index: Any, key: Any) -> Any:
+    if key not in index:
+        return None
+    return next(iter(index[key]), None)
 
 
 def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
@@ -243,6 +311,19 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.probe(id="version")
 def probe_version(**_: Any) -> str:
     return __version__
+
+
+def records_crd_installed() -> bool:
+    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    with sync_client.ApiClient(configuration) as api:
+        try:
+            sync_client.CustomObjectsApi(api).list_cluster_custom_object(
+                records.GROUP, records.VERSION, records.PLURAL, limit=1)
+        except sync_client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+    return True
 
 
 def server_version() -> str:

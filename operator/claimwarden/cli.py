@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="liveness endpoint URL to serve (default: %(default)s)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="metrics listen address")
     run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
+    run.add_argument("--namespace", default="claimwarden-system",
+                     help="namespace for claimwarden's own objects, e.g. quarantine claims (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -72,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.kubeconfig = args.kubeconfig
     app.CONFIG.metrics_address = args.metrics_address
     app.CONFIG.metrics_port = args.metrics_port
+    app.CONFIG.namespace = args.namespace
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:
@@ -83,6 +86,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"claimwarden: cannot reach the Kubernetes API ({reason}); "
               "check --kubeconfig, $KUBECONFIG or the in-cluster service account", file=sys.stderr)
         return 1
+    if "health" in args.controllers:
+        if not app.records_crd_installed():
+            print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
+                  "run 'kubectl apply -f crds/', or leave 'health' out of --controllers", file=sys.stderr)
+            return 1
+        app.register_health_handlers()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness)
     return 0
 

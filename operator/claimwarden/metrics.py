@@ -46,6 +46,11 @@ DEALLOCATIONS = Counter("claimwarden_deallocations_total", "Claims whose allocat
                         "freeing their devices.", registry=REGISTRY)
 CLAIM_DELETIONS = Counter("claimwarden_claim_deletions_total", "Generated claims deleted because their pod "
                           "finished.", registry=REGISTRY)
+EVICTIONS = Counter("claimwarden_evictions_total", "Eviction attempts for pods on unhealthy devices, by result "
+                    "(evicted, pdb_blocked, gone, error).", ["result"], registry=REGISTRY)
+EVICTION_LATENCY = Histogram("claimwarden_eviction_latency_seconds", "Time from a device being marked unhealthy "
+                             "to one of its pods being evicted.", registry=REGISTRY,
+                             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
 
 
 @dataclass(frozen=True)

@@ -50,3 +50,20 @@ def claim(body: Mapping[str, Any]) -> Body:
 def template(body: Mapping[str, Any]) -> Body:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": _meta(body), "spec": copy.deepcopy(dict(body.get("spec") or {}))}
+
+
+def resource_slice(body: Mapping[str, Any]) -> Body:
+    spec = body.get("spec") or {}
+    pool = spec.get("pool") or {}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": _meta(body, "annotations"),
+            "spec": {"driver": spec.get("driver"), "nodeName": spec.get("nodeName"),
+                     "pool": {"name": pool.get("name"), "generation": pool.get("generation")},
+                     "devices": [{"name": d.get("name")} for d in spec.get("devices") or []]}}
+
+
+def record(body: Mapping[str, Any]) -> Body:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": _meta(body, "labels", "generation"),
+            "spec": copy.deepcopy(dict(body.get("spec") or {})),
+            "status": copy.deepcopy(dict(body.get("status") or {}))}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,15 @@ from .helpers import delete_namespace
 from .operator import Operator
 
 _LAB_ERROR: list[str] = []
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+
+
+def install_crds(state: cluster.LabState) -> None:
+    """`kubectl apply -f crds/`, as a user installs claimwarden's CRDs, then wait until they serve."""
+    kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
+    subprocess.run([*kubectl, "apply", "-f", str(CRDS)], check=True, capture_output=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/unhealthydevices.claimwarden.io"], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +46,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LabState]:
     except LabError as exc:
         _LAB_ERROR.append(f"the lab could not start: {exc}")
         pytest.fail(_LAB_ERROR[0], pytrace=False)
+    install_crds(state)
     try:
         yield state
     finally:
@@ -90,6 +101,7 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Itera
         state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
     except LabError as exc:
         pytest.fail(f"the extra lab could not start: {exc}", pytrace=False)
+    install_crds(state)
     try:
         yield state
     finally:

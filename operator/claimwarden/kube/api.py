@@ -20,6 +20,7 @@ from .errors import ApiError
 FIELD_MANAGER = "claimwarden"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
 Body = dict[str, Any]
 CORE = "/api/v1"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -110,6 +111,50 @@ class Kube:
         result = await self.request("DELETE", _path(RESOURCE, namespace, "resourceclaims", name), body,
                                     allow_missing=True)
         return result is not None
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """The Eviction API (PodDisruptionBudgets hold: a 429 raises ApiError), pinned to ``uid``."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        await self._must("POST", _path(CORE, namespace, "pods", name, "eviction"), body)
+
+    async def ensure_namespace(self, name: str) -> None:
+        if await self.request("GET", f"{CORE}/namespaces/{quote(name, safe='')}", allow_missing=True) is None:
+            try:
+                await self._must("POST", f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                                 "metadata": {"name": name}})
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+
+    # --- cluster-scoped objects by group/version/plural -------------------------------------
+
+    async def create_cluster_object(self, group_version: str, plural: str, body: Body) -> Body:
+        return await self._must("POST", f"/apis/{group_version}/{plural}", body,
+                                query={"fieldManager": FIELD_MANAGER})
+
+    async def get_cluster_object(self, group_version: str, plural: str, name: str) -> Body | None:
+        return await self.request("GET", f"/apis/{group_version}/{plural}/{quote(name, safe='')}",
+                                  allow_missing=True)
+
+    async def merge_patch_cluster_object(self, group_version: str, plural: str, name: str, patch: Body,
+                                         subresource: str = "") -> Body:
+        path = f"/apis/{group_version}/{plural}/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")
+        return await self._must("PATCH", path, patch, query={"fieldManager": FIELD_MANAGER},
+                                content_type=MERGE_PATCH)
+
+    async def delete_cluster_object(self, group_version: str, plural: str, name: str) -> bool:
+        result = await self.request("DELETE", f"/apis/{group_version}/{plural}/{quote(name, safe='')}",
+                                    allow_missing=True)
+        return result is not None
+
+    async def served_version(self, group: str, plural: str, versions: tuple[str, ...]) -> str | None:
+        """The first of ``versions`` under which the API server serves ``group``/``plural``."""
+        for version in versions:
+            listing = await self.request("GET", f"/apis/{group}/{version}", allow_missing=True)
+            if listing and any(r.get("name") == plural for r in listing.get("resources") or []):
+                return version
+        return None
 
     # --- events -----------------------------------------------------------------------------
 

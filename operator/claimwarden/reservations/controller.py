@@ -7,7 +7,8 @@ and applies the plan with conflict-safe patches.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from dataclasses import replace
 from typing import Any, cast
 
 from .. import metrics
@@ -25,9 +26,10 @@ NEAR_LIMIT_REASON = "ReservationsNearLimit"
 
 
 class ReservationsController:
-    def __init__(self, cache: Cache, kube: Kube) -> None:
+    def __init__(self, cache: Cache, kube: Kube, quarantined: Callable[[Body], bool] | None = None) -> None:
         self.cache = cache
         self.kube = kube
+        self._quarantined = quarantined or (lambda _claim: False)
         self.queue = WorkQueue(NAME)
         self._warned_near_limit: set[str] = set()
 
@@ -74,6 +76,11 @@ class ReservationsController:
         meta = claim["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         status = claim.get("status") or {}
+        # A generated claim on a quarantined device is released by deleting it with its allocation:
+        # a deallocation would wake pending pods while the scheduler briefly sees the device free.
+        keep_allocation = claim_plan.deallocate and _generated(claim) and self._quarantined(claim)
+        if keep_allocation:
+            claim_plan = replace(claim_plan, deallocate=False)
         if claim_plan.drop or (claim_plan.deallocate and status.get("allocation")):
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                           "value": meta["resourceVersion"]}]
@@ -122,6 +129,11 @@ class ReservationsController:
 
     def forget(self, uid: str) -> None:
         self._warned_near_limit.discard(uid)
+
+
+def _generated(claim: Body) -> bool:
+    return any(ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1"
+               for ref in claim["metadata"].get("ownerReferences") or [])
 
 
 def _destructive(claim_plan: plan.ClaimPlan) -> bool:

@@ -1,0 +1,295 @@
+"""What the health controller should do for one UnhealthyDevice record: pure decisions, no I/O.
+
+Which pods to evict (and when), which claims hold the device, and the bodies of the objects that
+keep new work away from it: the quarantine ResourceClaim and, where served, a DeviceTaintRule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from claimwarden.health.records import (
+    NAME_MAX,
+    RECORD_LABEL,
+    TAINT_KEY,
+    TAINT_VALUE,
+    DeviceRef,
+    label_value,
+    record_effect,
+    record_ref,
+    truncate_name,
+)
+from claimwarden.health.tolerations import NO_EXECUTE, allocation_results, claim_eviction_time, names_device
+from claimwarden.podclaims import (
+    TERMINAL_PHASES,
+    is_allocated,
+    is_being_deleted,
+    is_controlled_by_pod,
+    metadata,
+    pod_uid,
+    reserved_for,
+    resolve_claim_names,
+    spec,
+    status,
+)
+
+NO_SCHEDULE = "NoSchedule"
+QUARANTINE_EFFECTS = frozenset({NO_EXECUTE, NO_SCHEDULE})
+QUARANTINE_REQUEST = "quarantine"
+QUARANTINE_DEVICE_CLASS = "claimwarden.io-quarantine"
+QUARANTINE_GENERATE_NAME_PREFIX_MAX = 50
+DEVICE_ANNOTATION = "claimwarden.io/device"
+NODE_ANNOTATION = "claimwarden.io/node"
+RULE_NAME_PREFIX = "claimwarden-"
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """One pod to evict, because of `claim`, at `due` (or as soon as possible after it)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    claim: str
+    due: datetime
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """Everything the health controller should do about one record's device."""
+
+    evict: tuple[Eviction, ...] = ()
+    """Pods to evict (effect NoExecute only), sorted by (namespace, pod)."""
+    would_evict: int = 0
+    """Pods that would be evicted if the effect were NoExecute (filled for every effect)."""
+    tolerated: int = 0
+    """Pods using the device whose claims tolerate the taint forever."""
+    holders: tuple[str, ...] = ()
+    """The non-quarantine claims allocated the device, as sorted "namespace/name"."""
+    quarantine_needed: bool = False
+    """Effect NoExecute or NoSchedule: park the device with a quarantine claim."""
+
+
+# --- taints -------------------------------------------------------------------------------------
+
+def taint_for(record: dict[str, Any]) -> dict[str, Any]:
+    """The taint that a record puts on its device, with the record's effect."""
+    return {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": record_effect(record)}
+
+
+def simulated_taint(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's taint with effect NoExecute: what eviction decisions (and dry runs) are made with."""
+    return {**taint_for(record), "effect": NO_EXECUTE}
+
+
+# --- claims and pods ----------------------------------------------------------------------------
+
+def is_quarantine_claim(claim: dict[str, Any]) -> bool:
+    """True for a quarantine claim of claimwarden's (it carries RECORD_LABEL)."""
+    return RECORD_LABEL in (metadata(claim).get("labels") or {})
+
+
+def holds_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
+    """True when the claim is allocated and one of its allocation results is the device."""
+    return is_allocated(claim) and any(names_device(result, ref) for result in allocation_results(claim))
+
+
+def claim_key(claim: dict[str, Any]) -> str:
+    """The claim's "namespace/name"."""
+    meta = metadata(claim)
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def device_holders(claims: Iterable[dict[str, Any]], ref: DeviceRef) -> list[dict[str, Any]]:
+    """The non-quarantine claims allocated the device."""
+    return [claim for claim in claims if not is_quarantine_claim(claim) and holds_device(claim, ref)]
+
+
+def is_pod_reservation(entry: Mapping[str, Any]) -> bool:
+    """True for a reservedFor entry that names a core pod."""
+    return (entry.get("apiGroup") or "") == "" and entry.get("resource") == "pods"
+
+
+def pod_uses_claim(pod: dict[str, Any], claim: dict[str, Any]) -> bool:
+    """True when one of the pod's spec.resourceClaims resolves to this claim.
+
+    A claim generated from a template must also be controlled by the pod, as upstream requires.
+    """
+    name = metadata(claim).get("name")
+    for resolved in resolve_claim_names(pod):
+        if resolved.claim_name != name:
+            continue
+        if not resolved.from_template or is_controlled_by_pod(claim, pod_uid(pod)):
+            return True
+    return False
+
+
+def is_evictable(pod: dict[str, Any] | None, uid: str) -> bool:
+    """True for an existing pod with this UID that is scheduled, still running and not being deleted.
+
+    A pod being deleted is already on its way out (perhaps evicted by an earlier run), so it is
+    never evicted twice. A pod in a terminal phase no longer uses the device.
+    """
+    if pod is None or not uid or pod_uid(pod) != uid:
+        return False
+    if not spec(pod).get("nodeName") or is_being_deleted(pod):
+        return False
+    return status(pod).get("phase") not in TERMINAL_PHASES
+
+
+def affected_pods(
+    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """(namespace, name, uid) of the evictable pods the claim is reserved for and that use it."""
+    namespace = str(metadata(claim).get("namespace") or "")
+    found = []
+    for entry in reserved_for(claim):
+        if not is_pod_reservation(entry):
+            continue
+        name, uid = str(entry.get("name") or ""), str(entry.get("uid") or "")
+        pod = pods.get((namespace, name))
+        if pod is not None and is_evictable(pod, uid) and pod_uses_claim(pod, claim):
+            found.append((namespace, name, uid))
+    return found
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+def plan_record(
+    record: dict[str, Any],
+    claims: Iterable[dict[str, Any]],
+    pods: Mapping[tuple[str, str], dict[str, Any]],
+    marked_at: datetime,
+) -> RecordPlan:
+    """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
+
+    Due times count from `marked_at` (the record's status.markedAt) plus the smallest matching
+    tolerationSeconds. A pod using several claims that hold the device is evicted once, at the
+    earliest of their times.
+    """
+    ref = record_ref(record)
+    if ref is None:
+        return RecordPlan()
+    effect = record_effect(record)
+    taint = simulated_taint(record)
+    holders = device_holders(claims, ref)
+    earliest: dict[tuple[str, str, str], Eviction] = {}
+    using: set[tuple[str, str, str]] = set()
+    for claim in sorted(holders, key=claim_key):
+        due = claim_eviction_time(claim, ref, taint, marked_at)
+        for pod in affected_pods(claim, pods):
+            using.add(pod)
+            if due is None:
+                continue
+            current = earliest.get(pod)
+            if current is None or due < current.due:
+                earliest[pod] = Eviction(pod[0], pod[1], pod[2], str(metadata(claim).get("name") or ""), due)
+    evict = sorted(earliest.values(), key=lambda e: (e.namespace, e.pod)) if effect == NO_EXECUTE else []
+    return RecordPlan(
+        evict=tuple(evict),
+        would_evict=len(earliest),
+        tolerated=len(using - earliest.keys()),
+        holders=tuple(sorted(claim_key(claim) for claim in holders)),
+        quarantine_needed=effect in QUARANTINE_EFFECTS,
+    )
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+def _record_name(record: dict[str, Any]) -> str:
+    return str(metadata(record).get("name") or "")
+
+
+def quarantine_claim_body(record: dict[str, Any], namespace: str, node_name: str | None) -> dict[str, Any]:
+    """The quarantine ResourceClaim that parks the record's device (its allocation is written after).
+
+    Deliberately not owned by the record: the garbage collector would delete it, and the scheduler
+    does not look at pending pods again when a claim is deleted. claimwarden deallocates it first
+    (which wakes pending pods) and then deletes it. The device and node are repeated in annotations
+    for people reading `kubectl get resourceclaims -o yaml`.
+    """
+    name = _record_name(record)
+    ref = record_ref(record)
+    annotations = {DEVICE_ANNOTATION: str(ref)} if ref else {}
+    if node_name:
+        annotations[NODE_ANNOTATION] = node_name
+    return {
+        "apiVersion": RESOURCE_API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {
+            "generateName": f"{truncate_name(name, QUARANTINE_GENERATE_NAME_PREFIX_MAX)}-",
+            "namespace": namespace,
+            "labels": {RECORD_LABEL: label_value(name)},
+            "annotations": annotations,
+        },
+        "spec": {"devices": {"requests": [{
+            "name": QUARANTINE_REQUEST,
+            "exactly": {"deviceClassName": QUARANTINE_DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1},
+        }]}},
+    }
+
+
+def quarantine_allocation(ref: DeviceRef, node_name: str | None) -> dict[str, Any]:
+    """The status.allocation of a quarantine claim: exactly the device, on its node when known."""
+    allocation: dict[str, Any] = {"devices": {"results": [{
+        "request": QUARANTINE_REQUEST, "driver": ref.driver, "pool": ref.pool, "device": ref.device,
+    }]}}
+    if node_name:
+        allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node_name]},
+        ]}]}
+    return allocation
+
+
+def device_taint_rule_name(record: dict[str, Any]) -> str:
+    """The name of the DeviceTaintRule kept in step with the record."""
+    return truncate_name(f"{RULE_NAME_PREFIX}{_record_name(record)}", NAME_MAX)
+
+
+def device_taint_rule_body(record: dict[str, Any], api_version: str) -> dict[str, Any]:
+    """The DeviceTaintRule that shows the record's device as tainted to taint-aware tools.
+
+    Always NoSchedule, whatever the record's effect: a NoExecute rule would make upstream's
+    device-taint eviction controller delete the pods itself, with plain DELETEs that ignore
+    PodDisruptionBudgets. Eviction stays claimwarden's, through the Eviction API.
+    """
+    ref = record_ref(record)
+    selector = {"driver": ref.driver, "pool": ref.pool, "device": ref.device} if ref else {}
+    return {
+        "apiVersion": api_version,
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": device_taint_rule_name(record),
+                     "labels": {RECORD_LABEL: label_value(_record_name(record))}},
+        "spec": {
+            "deviceSelector": selector,
+            "taint": {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": NO_SCHEDULE},
+        },
+    }
+
+
+# --- slices -------------------------------------------------------------------------------------
+
+def slice_node(slices: Iterable[dict[str, Any]], ref: DeviceRef) -> str | None:
+    """The node of the device: from the newest-generation slice of its pool that lists it.
+
+    The device's own nodeName (per-device node selection) wins over the slice's spec.nodeName.
+    None when no slice lists the device or it is not tied to one node.
+    """
+    best: tuple[int, str] | None = None
+    node: str | None = None
+    for slice_ in slices:
+        body = spec(slice_)
+        pool = body.get("pool") or {}
+        if body.get("driver") != ref.driver or pool.get("name") != ref.pool:
+            continue
+        device = next((d for d in body.get("devices") or [] if d.get("name") == ref.device), None)
+        if device is None:
+            continue
+        rank = (int(pool.get("generation") or 0), str(metadata(slice_).get("name") or ""))
+        if best is None or rank > best:
+            best, node = rank, device.get("nodeName") or body.get("nodeName") or None
+    return str(node) if node else None

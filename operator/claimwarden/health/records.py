@@ -1,0 +1,370 @@
+"""UnhealthyDevice records: their names, their fields, and how slice annotations turn into them.
+
+Pure functions over plain dicts in the raw Kubernetes JSON shape; nothing here talks to the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from claimwarden.podclaims import is_being_deleted, metadata, spec
+
+GROUP = "claimwarden.io"
+VERSION = "v1alpha1"
+PLURAL = "unhealthydevices"
+KIND = "UnhealthyDevice"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ANNOTATION_PREFIX = "unhealthy.claimwarden.io/"
+TAINT_KEY = "claimwarden.io/unhealthy"
+TAINT_VALUE = "unhealthy"
+"""The value of every claimwarden taint, simulated (eviction) or published (DeviceTaintRule) alike,
+so one `Equal` toleration means the same thing to the scheduler and to claimwarden."""
+
+EFFECTS = ("NoExecute", "NoSchedule", "None")
+DEFAULT_EFFECT = "NoExecute"
+SOURCE_ANNOTATION = "annotation"
+SOURCE_MANUAL = "manual"
+SLICE_LABEL = "claimwarden.io/slice"
+RECORD_LABEL = "claimwarden.io/record"
+
+REASON_MAX = 1024
+NAME_MAX = 253
+LABEL_VALUE_MAX = 63
+DNS_LABEL_MAX = 63
+HASH_LENGTH = 8
+LISTED_DEVICES_MAX = 10
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NOT_NAME_CHAR = re.compile(r"[^a-z0-9.-]")
+_NOT_LABEL_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """The identity of one device: its driver, pool and name."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+# --- names --------------------------------------------------------------------------------------
+
+def short_hash(text: str) -> str:
+    """The first 8 hex digits of the SHA-256 of `text`."""
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def is_dns_label(text: str) -> bool:
+    """True for a valid DNS-1123 label: 1-63 lowercase alphanumerics or '-', alphanumeric at both ends."""
+    return len(text) <= DNS_LABEL_MAX and bool(_DNS_LABEL.match(text))
+
+
+def to_subdomain_part(text: str, limit: int) -> str:
+    """`text` made into at most `limit` characters of a DNS-1123 subdomain ("" when nothing is left).
+
+    Lower-cases, replaces every other character than alphanumerics, '-' and '.' by '-', drops empty
+    dot-separated labels and the hyphens at either end of each label.
+    """
+    cleaned = _clean_labels(_NOT_NAME_CHAR.sub("-", text.lower()))
+    return _clean_labels(cleaned[:limit])
+
+
+def _clean_labels(text: str) -> str:
+    return ".".join(label.strip("-") for label in text.split(".") if label.strip("-"))
+
+
+def truncate_name(name: str, limit: int) -> str:
+    """`name` cut to `limit` characters, without a trailing '-' or '.' left by the cut."""
+    return name if len(name) <= limit else name[:limit].rstrip("-.")
+
+
+def record_name(ref: DeviceRef) -> str:
+    """The deterministic UnhealthyDevice name of a device: `<pool>.<device>.<hash>`.
+
+    The hash (of driver, pool and device) keeps devices of different drivers apart when their pool
+    and device names are the same, and keeps cleaned-up or shortened names unique. The pool part
+    is shortened first so the device name stays readable.
+    """
+    device = to_subdomain_part(ref.device, DNS_LABEL_MAX)
+    room_for_pool = NAME_MAX - HASH_LENGTH - 1 - (len(device) + 1 if device else 0)
+    pool = to_subdomain_part(ref.pool, room_for_pool)
+    parts = [part for part in (pool, device) if part]
+    return ".".join([*parts, short_hash(f"{ref.driver}/{ref.pool}/{ref.device}")])
+
+
+def label_value(name: str) -> str:
+    """`name` as a valid label value (at most 63 characters), for SLICE_LABEL and RECORD_LABEL.
+
+    A name that is already a valid label value is kept; any other (object names may be up to 253
+    characters long) becomes its cleaned start plus a hash of the whole name, so two long names
+    stay distinct. Label selectors must go through the same function.
+    """
+    if len(name) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(name):
+        return name
+    head = _NOT_LABEL_CHAR.sub("-", name)[: LABEL_VALUE_MAX - HASH_LENGTH - 1].strip("-_.")
+    return f"{head}-{short_hash(name)}" if head else short_hash(name)
+
+
+# --- records ------------------------------------------------------------------------------------
+
+def record_ref(record: dict[str, Any]) -> DeviceRef | None:
+    """The device a record names, or None when spec.driver, spec.pool or spec.device is missing."""
+    body = spec(record)
+    driver, pool, device = body.get("driver"), body.get("pool"), body.get("device")
+    if not (driver and pool and device):
+        return None
+    return DeviceRef(str(driver), str(pool), str(device))
+
+
+def record_effect(record: dict[str, Any]) -> str:
+    """The record's effect: NoExecute, NoSchedule or None (NoExecute when unset)."""
+    return str(spec(record).get("effect") or DEFAULT_EFFECT)
+
+
+def record_source(record: dict[str, Any]) -> str:
+    """Who made the record: "annotation", "manual", ... ("manual" when unset, like the CRD default)."""
+    return str(spec(record).get("source") or SOURCE_MANUAL)
+
+
+def record_reason(record: dict[str, Any]) -> str:
+    """The record's spec.reason, or ""."""
+    return str(spec(record).get("reason") or "")
+
+
+def is_from_annotation(record: dict[str, Any]) -> bool:
+    """True for a record claimwarden made from a slice annotation (and so may update or delete)."""
+    return record_source(record) == SOURCE_ANNOTATION
+
+
+def parse_rfc3339(text: str) -> datetime | None:
+    """An RFC 3339 timestamp ('Z' or an offset required; 't'/'z' allowed) as an aware datetime, else None."""
+    if not _RFC3339.match(text):
+        return None
+    try:
+        return datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def expiry_error(record: dict[str, Any]) -> str | None:
+    """Why spec.expiresAt cannot be used (then the record never expires), or None when it is fine or unset."""
+    raw = spec(record).get("expiresAt")
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str) or parse_rfc3339(raw) is None:
+        return (f"spec.expiresAt {raw!r} is not an RFC 3339 date-time (like 2025-01-31T12:00:00Z); "
+                "the record never expires")
+    return None
+
+
+def expires_at(record: dict[str, Any]) -> datetime | None:
+    """The record's parsed spec.expiresAt, or None when unset or unparsable."""
+    raw = spec(record).get("expiresAt")
+    return parse_rfc3339(raw) if isinstance(raw, str) else None
+
+
+def is_expired(record: dict[str, Any], now: datetime) -> bool:
+    """True when spec.expiresAt is set, parsable and not after `now` (a naive `now` is taken as UTC)."""
+    expiry = expires_at(record)
+    if expiry is None:
+        return False
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return expiry <= now
+
+
+# --- slice annotations --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SliceMark:
+    """One valid `unhealthy.claimwarden.io/<device>: <reason>` annotation of a ResourceSlice."""
+
+    ref: DeviceRef
+    reason: str
+    slice_name: str
+
+
+@dataclass(frozen=True)
+class MarkError:
+    """One annotation of ours that cannot be used; reported as a Warning Event on the slice."""
+
+    slice_name: str
+    key: str
+    message: str
+
+
+def slice_name(slice_: dict[str, Any]) -> str:
+    """The slice's metadata.name, or ""."""
+    return str(metadata(slice_).get("name") or "")
+
+
+def slice_pool(slice_: dict[str, Any]) -> str:
+    """The slice's spec.pool.name, or ""."""
+    return str((spec(slice_).get("pool") or {}).get("name") or "")
+
+
+def slice_devices(slice_: dict[str, Any]) -> list[str]:
+    """The names of the devices a slice lists, in its order."""
+    return [str(device["name"]) for device in spec(slice_).get("devices") or [] if device.get("name")]
+
+
+def marked_device(key: str) -> str | None:
+    """The device part of an annotation key of ours, or None when the key is not ours."""
+    return key[len(ANNOTATION_PREFIX):] if key.startswith(ANNOTATION_PREFIX) else None
+
+
+def marked_annotations(slice_: dict[str, Any]) -> dict[str, str]:
+    """The slice's annotations whose key starts with ANNOTATION_PREFIX."""
+    annotations = metadata(slice_).get("annotations") or {}
+    return {str(key): str(value) for key, value in annotations.items() if str(key).startswith(ANNOTATION_PREFIX)}
+
+
+def parse_slice_marks(slice_: dict[str, Any]) -> tuple[list[SliceMark], list[MarkError]]:
+    """The valid marks of a slice and the errors of the invalid ones, both sorted by device / key."""
+    name = slice_name(slice_)
+    driver, pool = str(spec(slice_).get("driver") or ""), slice_pool(slice_)
+    listed = slice_devices(slice_)
+    marks: list[SliceMark] = []
+    errors: list[MarkError] = []
+    for key, value in marked_annotations(slice_).items():
+        device = marked_device(key) or ""
+        problem = _mark_problem(key, device, value, name, driver, pool, listed)
+        if problem:
+            errors.append(MarkError(name, key, problem))
+        else:
+            marks.append(SliceMark(DeviceRef(driver, pool, device), value.strip(), name))
+    marks.sort(key=lambda mark: mark.ref.device)
+    errors.sort(key=lambda error: error.key)
+    return marks, errors
+
+
+def _mark_problem(key: str, device: str, value: str, slice_: str, driver: str, pool: str,
+                  listed: list[str]) -> str | None:
+    if not is_dns_label(device):
+        return (f"annotation {key!r}: the part after {ANNOTATION_PREFIX!r} must be a device name "
+                f"(a DNS label: 1-63 lowercase letters, digits or '-'), got {device!r}")
+    if not driver or not pool:
+        return f"annotation {key!r}: ResourceSlice {slice_!r} has no spec.driver or spec.pool.name"
+    if device not in listed:
+        return (f"annotation {key!r}: device {device!r} is not listed by ResourceSlice {slice_!r}; "
+                f"it lists {describe_devices(listed)}")
+    reason = value.strip()
+    if not reason:
+        return f"annotation {key!r}: the value must be the reason why device {device!r} is unhealthy"
+    if len(reason) > REASON_MAX:
+        return f"annotation {key!r}: the reason is {len(reason)} characters long, at most {REASON_MAX} are allowed"
+    return None
+
+
+def describe_devices(names: list[str]) -> str:
+    """Up to 10 device names for a message, e.g. "gpu-0, gpu-1 (and 6 more)" or "no devices"."""
+    if not names:
+        return "no devices"
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:LISTED_DEVICES_MAX])
+    hidden = len(ordered) - LISTED_DEVICES_MAX
+    return f"{shown} (and {hidden} more)" if hidden > 0 else shown
+
+
+def record_body(mark: SliceMark) -> dict[str, Any]:
+    """The UnhealthyDevice to create for a slice annotation."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": record_name(mark.ref), "labels": {SLICE_LABEL: label_value(mark.slice_name)}},
+        "spec": {
+            "driver": mark.ref.driver,
+            "pool": mark.ref.pool,
+            "device": mark.ref.device,
+            "effect": DEFAULT_EFFECT,
+            "reason": mark.reason,
+            "source": SOURCE_ANNOTATION,
+        },
+    }
+
+
+# --- syncing a slice's marks with the records ---------------------------------------------------
+
+@dataclass(frozen=True)
+class SliceSync:
+    """What to change in the records so they match one slice's annotations."""
+
+    create: tuple[dict[str, Any], ...] = ()
+    """Record bodies to create."""
+    update_reason: tuple[tuple[str, str], ...] = ()
+    """(record name, new reason) of annotation records whose reason changed."""
+    delete: tuple[str, ...] = ()
+    """Names of annotation records of this slice whose annotation is gone."""
+    errors: tuple[MarkError, ...] = ()
+
+
+def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) -> SliceSync:
+    """Compare one slice's marks with the existing records (name → record).
+
+    A record that exists for a marked device under another name than `record_name` (an admin's)
+    counts as that device's record. Records made by hand are never updated or deleted here. A
+    device whose annotation is present but invalid (for example an emptied reason) keeps its
+    record: a bad annotation changes nothing.
+    """
+    marks, errors = parse_slice_marks(slice_)
+    by_ref = records_by_ref(records)
+    create: list[dict[str, Any]] = []
+    update: list[tuple[str, str]] = []
+    for mark in marks:
+        found = _existing_record(mark.ref, records, by_ref)
+        if found is None:
+            create.append(record_body(mark))
+            continue
+        name, record = found
+        if is_from_annotation(record) and not is_being_deleted(record) and record_reason(record) != mark.reason:
+            update.append((name, mark.reason))
+    return SliceSync(tuple(create), tuple(update), tuple(unmarked_records(slice_, records)), tuple(errors))
+
+
+def records_by_ref(records: Mapping[str, dict[str, Any]]) -> dict[DeviceRef, tuple[str, dict[str, Any]]]:
+    """The records keyed by the device they name (the first name in sorted order wins a tie)."""
+    index: dict[DeviceRef, tuple[str, dict[str, Any]]] = {}
+    for name in sorted(records):
+        ref = record_ref(records[name])
+        if ref is not None and ref not in index:
+            index[ref] = (name, records[name])
+    return index
+
+
+def _existing_record(ref: DeviceRef, records: Mapping[str, dict[str, Any]],
+                     by_ref: Mapping[DeviceRef, tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]] | None:
+    name = record_name(ref)
+    record = records.get(name)
+    if record is not None and record_ref(record) == ref:
+        return name, record
+    return by_ref.get(ref)
+
+
+def unmarked_records(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) -> list[str]:
+    """Sorted names of this slice's annotation records for listed devices that are no longer annotated."""
+    driver, pool = str(spec(slice_).get("driver") or ""), slice_pool(slice_)
+    label = label_value(slice_name(slice_))
+    listed = set(slice_devices(slice_))
+    annotated = {marked_device(key) for key in marked_annotations(slice_)}
+    names = []
+    for name, record in records.items():
+        ref = record_ref(record)
+        if ref is None or (ref.driver, ref.pool) != (driver, pool) or ref.device not in listed:
+            continue
+        if ref.device in annotated or not is_from_annotation(record) or is_being_deleted(record):
+            continue
+        if (metadata(record).get("labels") or {}).get(SLICE_LABEL) == label:
+            names.append(name)
+    return sorted(names)

@@ -1,0 +1,102 @@
+"""Device tolerations and eviction times, with upstream's rules for NoExecute device taints.
+
+Tolerations are the copies the scheduler made at allocation time, in
+`status.allocation.devices.results[].tolerations`; the claim's spec is never read. Taints and
+tolerations are plain dicts (`{"key", "value", "effect"}` and `{"key", "operator", "value",
+"effect", "tolerationSeconds"}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from claimwarden.health.records import DeviceRef
+from claimwarden.podclaims import status
+
+NO_EXECUTE = "NoExecute"
+OPERATOR_EXISTS = "Exists"
+OPERATOR_EQUAL = "Equal"
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """True when the toleration tolerates the taint (for scheduling: an empty effect matches all).
+
+    The keys must be equal, unless the toleration's key is empty and its operator is Exists (that
+    tolerates every key). Exists matches any value; Equal (the default) needs equal values. An
+    unknown operator tolerates nothing.
+    """
+    effect = toleration.get("effect") or ""
+    if effect and effect != (taint.get("effect") or ""):
+        return False
+    operator = toleration.get("operator") or OPERATOR_EQUAL
+    key = toleration.get("key") or ""
+    if key != (taint.get("key") or "") and not (key == "" and operator == OPERATOR_EXISTS):
+        return False
+    if operator == OPERATOR_EXISTS:
+        return True
+    if operator == OPERATOR_EQUAL:
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def toleration_seconds(toleration: dict[str, Any]) -> int | None:
+    """The toleration's tolerationSeconds (negative counts as 0), or None when unset (forever)."""
+    seconds = toleration.get("tolerationSeconds")
+    if seconds is None:
+        return None
+    return max(0, int(seconds))
+
+
+def protects_from_eviction(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """True when the toleration counts against a NoExecute taint: effect exactly NoExecute and tolerating it.
+
+    An empty-effect toleration tolerates the taint for scheduling but does not delay eviction.
+    """
+    return toleration.get("effect") == NO_EXECUTE and tolerates(toleration, taint)
+
+
+def eviction_time(taint: dict[str, Any], tolerations: Sequence[dict[str, Any]],
+                  time_added: datetime) -> datetime | None:
+    """When a device's taint evicts its user, or None when it never does.
+
+    Only NoExecute taints evict. Without a protecting toleration that is `time_added`; with one
+    that has no tolerationSeconds, never; otherwise `time_added` plus the smallest tolerationSeconds.
+    """
+    if taint.get("effect") != NO_EXECUTE:
+        return None
+    protecting = [t for t in tolerations if protects_from_eviction(t, taint)]
+    if not protecting:
+        return time_added
+    seconds = [toleration_seconds(t) for t in protecting]
+    if any(s is None for s in seconds):
+        return None
+    return time_added + timedelta(seconds=min(s for s in seconds if s is not None))
+
+
+def names_device(result: dict[str, Any], ref: DeviceRef) -> bool:
+    """True when an allocation result is for this device."""
+    return (result.get("driver"), result.get("pool"), result.get("device")) == (ref.driver, ref.pool, ref.device)
+
+
+def allocation_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """The claim's status.allocation.devices.results (empty when not allocated)."""
+    allocation = status(claim).get("allocation") or {}
+    return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def claim_eviction_time(claim: dict[str, Any], ref: DeviceRef, taint: dict[str, Any],
+                        time_added: datetime) -> datetime | None:
+    """The earliest eviction time over the claim's allocation results for this device.
+
+    Each result is judged with its own tolerations. None when no result names the device or every
+    one that does tolerates the taint forever.
+    """
+    times = [
+        evict_at
+        for result in allocation_results(claim)
+        if names_device(result, ref)
+        and (evict_at := eviction_time(taint, result.get("tolerations") or [], time_added)) is not None
+    ]
+    return min(times, default=None)

@@ -1,0 +1,250 @@
+"""Marking a device unhealthy evicts the pods on it, through the Eviction API."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .health_helpers import (
+    create_record,
+    delete_record,
+    device_of,
+    events,
+    holders,
+    mark,
+    record_for,
+    unmark,
+    wait_gone,
+)
+from .helpers import gpu_claim_spec, pod_with_claims, template, wait_for
+from .operator import Operator
+
+TEMPLATE_CLAIM = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+
+
+def _running(core: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod if pod.status.phase == "Running" else None
+
+
+def _start(api: client.ApiClient, namespace: str, *pods: str, claim: str | None = None,
+           labels: dict[str, str] | None = None) -> None:
+    """Pods from a template, or all sharing the standalone claim ``claim``; waits until they run."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    if claim:
+        resource.create_namespaced_resource_claim(namespace, body={"metadata": {"name": claim},
+                                                                   "spec": gpu_claim_spec()})
+        uses = [{"name": "gpu", "resourceClaimName": claim}]
+    else:
+        resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+        uses = TEMPLATE_CLAIM
+    for name in pods:
+        body = pod_with_claims(name, uses)
+        if labels:
+            body["metadata"]["labels"] = labels
+        core.create_namespaced_pod(namespace, body=body)
+    for name in pods:
+        wait_for(f"{name} Running", lambda name=name: _running(core, namespace, name))
+
+
+def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClient, namespace: str,
+                                                            claimwarden: Operator) -> None:
+    _start(api, namespace, "victim", "bystander")
+    pool, device = device_of(api, namespace, "victim")
+    assert device_of(api, namespace, "bystander") != (pool, device)
+
+    mark(api, pool, device, "ECC errors")
+    wait_gone(api, namespace, "victim")
+    [event] = events(api, namespace, "victim", "EvictedUnhealthyDevice")
+    assert event.type == "Warning"
+    assert f"gpu.example.com/{pool}/{device}" in event.message and "ECC errors" in event.message
+    record = wait_for("the record counts the eviction", lambda: (
+        r if (r := record_for(api, pool, device)) and (r.get("status") or {}).get("podsEvicted") == 1 else None))
+    assert record["spec"]["effect"] == "NoExecute" and record["spec"]["source"] == "annotation"
+    assert events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice")
+    assert client.CoreV1Api(api).read_namespaced_pod("bystander", namespace).status.phase == "Running"
+    unmark(api, pool, device)
+
+
+def test_two_pods_sharing_a_claim_on_the_device_are_both_evicted(api: client.ApiClient, namespace: str,
+                                                                claimwarden: Operator) -> None:
+    _start(api, namespace, "first", "second", claim="shared")
+    pool, device = device_of(api, namespace, "first")
+    mark(api, pool, device, "fell off the bus")
+    wait_gone(api, namespace, "first")
+    wait_gone(api, namespace, "second")
+    wait_for("podsEvicted 2", lambda: ((record_for(api, pool, device) or {}).get("status") or {}).get(
+        "podsEvicted") == 2)
+    wait_for("the standalone claim deallocated", lambda: client.ResourceV1Api(api).read_namespaced_resource_claim(
+        "shared", namespace).status.allocation is None)
+    unmark(api, pool, device)
+
+
+def test_pdb_blocks_eviction_until_it_allows_it(api: client.ApiClient, namespace: str,
+                                               claimwarden: Operator) -> None:
+    _start(api, namespace, "guarded", labels={"app": "guarded"})
+    policy = client.PolicyV1Api(api)
+    policy.create_namespaced_pod_disruption_budget(namespace, body={
+        "metadata": {"name": "keep-one"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
+    wait_for("the budget observed", lambda: (policy.read_namespaced_pod_disruption_budget(
+        "keep-one", namespace).status.expected_pods or 0) == 1)
+    blocked_before = _counter(claimwarden.metrics(), 'claimwarden_evictions_total{result="pdb_blocked"}')
+    pool, device = device_of(api, namespace, "guarded")
+
+    mark(api, pool, device, "overheating")
+    wait_for("an EvictionBlocked event", lambda: events(api, namespace, "guarded", "EvictionBlocked"), 30)
+    time.sleep(3)
+    assert _running(client.CoreV1Api(api), namespace, "guarded")
+    assert _counter(claimwarden.metrics(), 'claimwarden_evictions_total{result="pdb_blocked"}') >= blocked_before + 2
+    record = record_for(api, pool, device)
+    assert record is not None and record["status"]["podsPending"] == 1
+
+    policy.patch_namespaced_pod_disruption_budget("keep-one", namespace, {"spec": {"minAvailable": 0}})
+    wait_gone(api, namespace, "guarded", 90)
+    assert len(events(api, namespace, "guarded", "EvictedUnhealthyDevice")) == 1
+    unmark(api, pool, device)
+
+
+def _counter(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_clearing_the_mark_stops_evictions_and_frees_the_device(api: client.ApiClient, namespace: str,
+                                                               claimwarden: Operator) -> None:
+    _start(api, namespace, "victim")
+    pool, device = device_of(api, namespace, "victim")
+    mark(api, pool, device, "flaky")
+    wait_gone(api, namespace, "victim")
+    wait_for("the device quarantined", lambda: holders(api, pool, device))
+
+    unmark(api, pool, device)
+    wait_for("the record gone", lambda: record_for(api, pool, device) is None)
+    wait_for("the quarantine claims gone", lambda: holders(api, pool, device) == [])
+    # The device is ordinary again: a pod pinned to its node may get it and is left alone.
+    core = client.CoreV1Api(api)
+    body = pod_with_claims("after", TEMPLATE_CLAIM)
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": pool}
+    core.create_namespaced_pod(namespace, body=body)
+    wait_for("after Running", lambda: _running(core, namespace, "after"))
+    time.sleep(3)
+    assert _running(core, namespace, "after")
+    assert not events(api, namespace, "after", "EvictedUnhealthyDevice")
+
+
+def test_malformed_and_unknown_marks_are_reported_and_change_nothing(
+        api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
+    _start(api, namespace, "pod")
+    pool, device = device_of(api, namespace, "pod")
+    from .health_helpers import annotate, slice_of
+
+    slice_name = slice_of(api, pool)
+    bad = {"unhealthy.claimwarden.io/GPU_0": "bad key", "unhealthy.claimwarden.io/gpu-99": "no such device",
+           f"unhealthy.claimwarden.io/{device}": " "}
+    annotate(api, slice_name, bad)
+    warnings = wait_for("three Warning events on the slice", lambda: (
+        found if len(found := events(api, "default", slice_name, "InvalidUnhealthyMark")) >= 3 else None), 30)
+    messages = " | ".join(e.message for e in warnings)
+    assert "GPU_0" in messages and "gpu-99" in messages and all(e.type == "Warning" for e in warnings)
+    time.sleep(3)
+    assert record_for(api, pool, device) is None and record_for(api, pool, "gpu-99") is None
+    assert _running(client.CoreV1Api(api), namespace, "pod")
+    assert claimwarden.running
+    annotate(api, slice_name, dict.fromkeys(bad))
+
+
+def test_effect_none_reports_what_would_be_evicted_and_evicts_nothing(
+        api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
+    _start(api, namespace, "first", "second", claim="shared")
+    pool, device = device_of(api, namespace, "first")
+    create_record(api, f"dry-run-{namespace}", pool, device, "None", "checking")
+    try:
+        record = wait_for("podsWouldEvict 2", lambda: (
+            r if ((r := record_for(api, pool, device)) or {}).get("status", {}).get("podsWouldEvict") == 2 else None))
+        assert record["status"]["podsEvicted"] == 0 and record["status"]["quarantineClaims"] == []
+        time.sleep(3)
+        core = client.CoreV1Api(api)
+        assert _running(core, namespace, "first") and _running(core, namespace, "second")
+        assert holders(api, pool, device) == [f"{namespace}/shared"]
+    finally:
+        delete_record(api, f"dry-run-{namespace}")
+
+
+def test_effect_noschedule_quarantines_without_evicting(api: client.ApiClient, namespace: str,
+                                                        claimwarden: Operator) -> None:
+    _start(api, namespace, "pod")
+    pool, device = device_of(api, namespace, "pod")
+    create_record(api, f"no-schedule-{namespace}", pool, device, "NoSchedule", "draining")
+    try:
+        wait_for("a quarantine claim", lambda: len(holders(api, pool, device)) == 2)
+        time.sleep(3)
+        assert _running(client.CoreV1Api(api), namespace, "pod")
+    finally:
+        delete_record(api, f"no-schedule-{namespace}")
+
+
+def test_an_expired_record_clears_itself(api: client.ApiClient, claimwarden: Operator) -> None:
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=4)
+    create_record(api, "expiring", "kwok-node-0", "gpu-7", "NoSchedule", "maintenance window",
+                  expiresAt=soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    wait_for("the record quarantined", lambda: holders(api, "kwok-node-0", "gpu-7"))
+    wait_for("the record gone after its expiry", lambda: record_for(api, "kwok-node-0", "gpu-7") is None, 30)
+    wait_for("its quarantine claim gone", lambda: holders(api, "kwok-node-0", "gpu-7") == [], 30)
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"effect": "Sometimes"}, "effect"),
+    ({"device": "GPU_0"}, "device"),
+    ({"reason": ""}, "reason"),
+])
+def test_the_schema_rejects_bad_records(api: client.ApiClient, spec: dict[str, str], field: str) -> None:
+    body = {"driver": "gpu.example.com", "pool": "kwok-node-0", "device": "gpu-0", "effect": "NoExecute",
+            "reason": "x", **spec}
+    with pytest.raises(ApiException) as caught:
+        create_record(api, "bad-record", **{k: body[k] for k in ("pool", "device", "effect", "reason")})
+    assert caught.value.status == 422
+    assert field in str(caught.value.body)
+
+
+def test_restart_between_marking_and_evicting_evicts_each_pod_exactly_once(
+        api: client.ApiClient, namespace: str, operator_process: Operator) -> None:
+    """The pods keep a finalizer, so an evicted pod stays visible (Terminating) across restarts."""
+    operator_process.start()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    resource.create_namespaced_resource_claim(namespace, body={"metadata": {"name": "shared"},
+                                                               "spec": gpu_claim_spec()})
+    for name in ("first", "second"):
+        body = pod_with_claims(name, [{"name": "gpu", "resourceClaimName": "shared"}])
+        body["metadata"]["finalizers"] = ["example.com/keep"]
+        core.create_namespaced_pod(namespace, body=body)
+    for name in ("first", "second"):
+        wait_for(f"{name} Running", lambda name=name: _running(core, namespace, name))
+    pool, device = device_of(api, namespace, "first")
+    try:
+        with operator_process.stopped():
+            mark(api, pool, device, "marked while claimwarden was down")
+            time.sleep(2)
+            assert all(p.metadata.deletion_timestamp is None for p in core.list_namespaced_pod(namespace).items)
+
+        def both_evicted() -> bool:
+            return all(p.metadata.deletion_timestamp for p in core.list_namespaced_pod(namespace).items)
+
+        wait_for("both pods evicted after the restart", both_evicted, 60)
+        operator_process.stop()
+        operator_process.start()
+        time.sleep(5)
+        for name in ("first", "second"):
+            assert len(events(api, namespace, name, "EvictedUnhealthyDevice")) == 1, name
+        record = record_for(api, pool, device)
+        assert record is not None and record["status"]["podsEvicted"] == 2
+    finally:
+        for name in ("first", "second"):
+            core.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
+        unmark(api, pool, device)

@@ -1,0 +1,115 @@
+"""A marked device keeps new work away, in the default lab and where DeviceTaintRule is served.
+
+Each lab here has 6 devices (2 nodes x 3). The scheduler forgets a device whenever any claim
+holding it lets go, so the important moment is the release of the evicted pod's claim while a
+pod is already waiting for a device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from claimwarden.lab.cluster import LabState
+
+from .conftest import extra_lab
+from .health_helpers import device_of, holders, mark, unmark, wait_gone
+from .helpers import pod_with_claims, template, wait_for
+from .operator import Operator
+
+TEMPLATE_CLAIM = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+LABS = {
+    "quarantine-claim": {},
+    "quarantine-claim-and-taint-rule": {"runtime_config": "resource.k8s.io/v1alpha3=true",
+                                        "feature_gates": "DRADeviceTaints=true"},
+}
+
+
+@pytest.fixture(scope="module", params=list(LABS))
+def small_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
+    with extra_lab(tmp_path_factory, nodes=2, gpus_per_node=3, **LABS[request.param]) as state:
+        yield state
+
+
+def _pods(core: client.CoreV1Api, namespace: str) -> dict[str, Any]:
+    return {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+
+
+def _running(core: client.CoreV1Api, namespace: str) -> set[str]:
+    return {n for n, p in _pods(core, namespace).items() if p.status.phase == "Running"}
+
+
+def _unscheduled(core: client.CoreV1Api, namespace: str) -> set[str]:
+    return {n for n, p in _pods(core, namespace).items() if not p.spec.node_name}
+
+
+def _users(api: client.ApiClient, pool: str, device: str) -> list[str]:
+    """Claims holding the device other than claimwarden's quarantine claims."""
+    return [h for h in holders(api, pool, device) if not h.startswith("claimwarden-system/")]
+
+
+def _taint_rules(api: client.ApiClient) -> list[dict[str, Any]]:
+    listing = client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1alpha3",
+                                                                      "devicetaintrules")
+    return list(listing["items"])
+
+
+def test_marked_devices_are_never_given_out_until_cleared(small_lab: LabState,
+                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    api = config.new_client_from_config(config_file=str(small_lab.kubeconfig))
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    namespace = "fill"
+    core.create_namespace(body={"metadata": {"name": namespace}})
+    resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    operator = Operator(small_lab.kubeconfig, tmp_path_factory.mktemp("quarantine") / "claimwarden.log")
+    operator.start()
+    taint_rules = bool(small_lab.options.get("runtime_config"))
+    try:
+        # A device marked before anyone uses it.
+        mark(api, "kwok-node-0", "gpu-2", "marked while free")
+        wait_for("gpu-2 quarantined", lambda: holders(api, "kwok-node-0", "gpu-2"))
+
+        # Fill the lab: five pods take the five other devices, a sixth waits.
+        for i in range(6):
+            core.create_namespaced_pod(namespace, body=pod_with_claims(f"pod-{i}", TEMPLATE_CLAIM))
+        wait_for("five pods running", lambda: len(_running(core, namespace)) == 5, 60)
+        [waiting] = _unscheduled(core, namespace)
+        assert _users(api, "kwok-node-0", "gpu-2") == []
+
+        # Mark a used device: its pod is evicted and its claim released while a pod is waiting.
+        victim = sorted(_running(core, namespace))[0]
+        pool, device = device_of(api, namespace, victim)
+        mark(api, pool, device, "ECC errors")
+        wait_gone(api, namespace, victim)
+        wait_for("the victim's claim released", lambda: _users(api, pool, device) == [], 60)
+        time.sleep(8)
+        assert _unscheduled(core, namespace) == {waiting}, "the waiting pod must not get a marked device"
+        assert _users(api, pool, device) == [] and _users(api, "kwok-node-0", "gpu-2") == []
+        if taint_rules:
+            effects = {(r["spec"]["deviceSelector"]["device"], r["spec"]["taint"]["effect"]) for r in _taint_rules(api)}
+            assert effects == {("gpu-2", "NoSchedule"), (device, "NoSchedule")}
+
+        # Clearing a mark lets the waiting pod take that device.
+        unmark(api, pool, device)
+        wait_for(f"{waiting} scheduled on the cleared device", lambda: waiting not in _unscheduled(core, namespace), 60)
+        assert device_of(api, namespace, waiting) == (pool, device)
+        unmark(api, "kwok-node-0", "gpu-2")
+        wait_for("gpu-2 free again", lambda: holders(api, "kwok-node-0", "gpu-2") == [], 30)
+        if taint_rules:
+            wait_for("the taint rules removed", lambda: _taint_rules(api) == [], 30)
+        core.create_namespaced_pod(namespace, body=pod_with_claims("last", TEMPLATE_CLAIM))
+        wait_for("last running", lambda: "last" in _running(core, namespace), 60)
+        assert device_of(api, namespace, "last") == ("kwok-node-0", "gpu-2")
+        held: dict[tuple[str, str], list[str]] = {}
+        for claim in resource.list_resource_claim_for_all_namespaces().items:
+            for result in claim.status.allocation.devices.results if claim.status.allocation else []:
+                held.setdefault((result.pool, result.device), []).append(claim.metadata.name)
+        assert all(len(names) == 1 for names in held.values()), held
+        assert len(held) == 6
+    finally:
+        assert operator.stop() == 0
+        api.close()

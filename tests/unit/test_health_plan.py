@@ -1,0 +1,411 @@
+"""The health plan for one record: who is evicted and when, holders, and the quarantine bodies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from claimwarden.health.plan import (
+    Eviction,
+    RecordPlan,
+    device_taint_rule_body,
+    plan_record,
+    quarantine_allocation,
+    quarantine_claim_body,
+    slice_node,
+    taint_for,
+)
+from claimwarden.health.records import RECORD_LABEL, TAINT_KEY, DeviceRef, label_value
+from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
+
+MARKED = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+DRIVER = "gpu.example.com"
+POOL = "node-1"
+REF = DeviceRef(DRIVER, POOL, "gpu-0")
+RECORD_NAME = "node-1.gpu-0.0123abcd"
+
+Pods = dict[tuple[str, str], dict[str, Any]]
+
+
+def make_record(effect: str | None = "NoExecute", device: str = "gpu-0") -> dict[str, Any]:
+    record_spec: dict[str, Any] = {"driver": DRIVER, "pool": POOL, "device": device, "reason": "ECC errors"}
+    if effect is not None:
+        record_spec["effect"] = effect
+    return {"apiVersion": "claimwarden.io/v1alpha1", "kind": "UnhealthyDevice",
+            "metadata": {"name": RECORD_NAME, "uid": "record-uid"}, "spec": record_spec}
+
+
+def make_claim(name: str = "claim", namespace: str = "ns", *, device: str = "gpu-0",
+               reserved: list[tuple[str, str]] | None = None, tolerations: list[dict[str, Any]] | None = None,
+               owner_uid: str | None = None, labels: dict[str, str] | None = None,
+               allocated: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"{name}-uid", "labels": labels or {}}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": owner_uid,
+                                    "controller": True}]
+        meta["annotations"] = {POD_CLAIM_NAME_ANNOTATION: "gpu"}
+    status: dict[str, Any] = {}
+    if allocated:
+        result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": POOL, "device": device}
+        if tolerations is not None:
+            result["tolerations"] = tolerations
+        status["allocation"] = {"devices": {"results": [result]}}
+    if reserved:
+        status["reservedFor"] = [{"resource": "pods", "name": pod, "uid": uid} for pod, uid in reserved]
+    return {"metadata": meta, "status": status}
+
+
+def make_pod(name: str = "pod", namespace: str = "ns", uid: str = "pod-uid", *, node: str | None = "node-1",
+             claims: dict[str, str] | None = None, templates: dict[str, str | None] | None = None,
+             deleting: bool = False, phase: str = "Running") -> dict[str, Any]:
+    """`claims` maps pod claim name → claim name; `templates` maps pod claim name → generated name (or None)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2025-06-01T12:00:00Z"
+    entries = [{"name": key, "resourceClaimName": value} for key, value in (claims or {"gpu": "claim"}).items()]
+    statuses = []
+    for key, generated in (templates or {}).items():
+        entries.append({"name": key, "resourceClaimTemplateName": "tmpl"})
+        statuses.append({"name": key, "resourceClaimName": generated})
+    return {"metadata": meta, "spec": {"nodeName": node, "resourceClaims": entries},
+            "status": {"phase": phase, "resourceClaimStatuses": statuses}}
+
+
+def pods_of(*pods: dict[str, Any]) -> Pods:
+    return {(pod["metadata"]["namespace"], pod["metadata"]["name"]): pod for pod in pods}
+
+
+def tol(seconds: int | None = None, effect: str = "NoExecute") -> dict[str, Any]:
+    toleration: dict[str, Any] = {"key": TAINT_KEY, "operator": "Exists", "effect": effect}
+    if seconds is not None:
+        toleration["tolerationSeconds"] = seconds
+    return toleration
+
+
+def eviction(pod: str = "pod", uid: str = "pod-uid", claim: str = "claim", namespace: str = "ns",
+             due: datetime = MARKED) -> Eviction:
+    return Eviction(namespace, pod, uid, claim, due)
+
+
+# --- taint_for ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("effect", ["NoExecute", "NoSchedule", "None"])
+def test_taint_for_uses_record_effect(effect: str) -> None:
+    taint = taint_for(make_record(effect))
+    assert taint["key"] == TAINT_KEY and taint["effect"] == effect
+    assert set(taint) == {"key", "value", "effect"}
+
+
+def test_taint_for_defaults_to_no_execute() -> None:
+    assert taint_for(make_record(None))["effect"] == "NoExecute"
+
+
+def test_taint_value_is_the_rules_value() -> None:
+    record = make_record()
+    assert taint_for(record)["value"] == device_taint_rule_body(record, "resource.k8s.io/v1alpha3")["spec"][
+        "taint"]["value"]
+
+
+# --- plan_record: who is evicted ----------------------------------------------------------------
+
+def test_evicts_reserved_scheduled_pod() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    assert plan == RecordPlan(evict=(eviction(),), would_evict=1, tolerated=0, holders=("ns/claim",),
+                              quarantine_needed=True)
+
+
+def test_default_effect_evicts() -> None:
+    plan = plan_record(make_record(None), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    assert plan.evict == (eviction(),)
+
+
+def test_unreserved_holder_evicts_nobody() -> None:
+    plan = plan_record(make_record(), [make_claim()], pods_of(make_pod()), MARKED)
+    assert plan == RecordPlan(holders=("ns/claim",), quarantine_needed=True)
+
+
+def test_unscheduled_pod_is_skipped() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(node=None)),
+                       MARKED)
+    assert plan.evict == () and plan.would_evict == 0
+
+
+def test_deleting_pod_is_skipped() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])],
+                       pods_of(make_pod(deleting=True)), MARKED)
+    assert plan.evict == () and plan.would_evict == 0 and plan.tolerated == 0
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_finished_pod_is_skipped(phase: str) -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(phase=phase)),
+                       MARKED)
+    assert plan.evict == ()
+
+
+def test_pod_with_other_uid_is_skipped() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "old-uid")])], pods_of(make_pod()), MARKED)
+    assert plan.evict == () and plan.would_evict == 0
+
+
+def test_missing_pod_is_skipped() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("gone", "gone-uid")])], pods_of(make_pod()), MARKED)
+    assert plan.evict == () and plan.holders == ("ns/claim",)
+
+
+def test_pod_in_other_namespace_is_not_matched() -> None:
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])],
+                       pods_of(make_pod(namespace="other")), MARKED)
+    assert plan.evict == ()
+
+
+def test_pod_not_using_the_claim_is_skipped() -> None:
+    pod = make_pod(claims={"gpu": "another-claim"})
+    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(pod), MARKED)
+    assert plan.evict == ()
+
+
+def test_non_pod_reservation_is_skipped() -> None:
+    claim = make_claim()
+    claim["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "pod",
+                                       "uid": "pod-uid"}]
+    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    assert plan.evict == ()
+
+
+def test_generated_claim_resolved_through_pod_status() -> None:
+    pod = make_pod(claims={}, templates={"gpu": "pod-gpu-abcde"})
+    claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="pod-uid")
+    plan = plan_record(make_record(), [claim], pods_of(pod), MARKED)
+    assert plan.evict == (eviction(claim="pod-gpu-abcde"),)
+
+
+def test_generated_claim_not_controlled_by_pod_is_skipped() -> None:
+    pod = make_pod(claims={}, templates={"gpu": "pod-gpu-abcde"})
+    claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="someone-else")
+    assert plan_record(make_record(), [claim], pods_of(pod), MARKED).evict == ()
+
+
+def test_generated_claim_not_yet_recorded_is_skipped() -> None:
+    pod = make_pod(claims={}, templates={"gpu": None})
+    claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="pod-uid")
+    assert plan_record(make_record(), [claim], pods_of(pod), MARKED).evict == ()
+
+
+def test_quarantine_claims_are_never_holders_nor_evicted() -> None:
+    quarantine = make_claim("q-xyz", namespace="claimwarden", labels={RECORD_LABEL: RECORD_NAME},
+                            reserved=[("pod", "pod-uid")])
+    pod = make_pod(namespace="claimwarden", claims={"gpu": "q-xyz"})
+    plan = plan_record(make_record(), [quarantine], pods_of(pod), MARKED)
+    assert plan == RecordPlan(quarantine_needed=True)
+
+
+def test_two_pods_sharing_a_claim_are_both_evicted_sorted() -> None:
+    claim = make_claim(reserved=[("zeta", "z-uid"), ("alpha", "a-uid")])
+    pods = pods_of(make_pod("zeta", uid="z-uid"), make_pod("alpha", uid="a-uid"))
+    plan = plan_record(make_record(), [claim], pods, MARKED)
+    assert plan.evict == (eviction("alpha", "a-uid"), eviction("zeta", "z-uid"))
+    assert plan.would_evict == 2
+
+
+def test_evictions_sorted_by_namespace_then_pod() -> None:
+    claims = [make_claim("c1", "b-ns", reserved=[("a", "u1")]), make_claim("c2", "a-ns", reserved=[("z", "u2")])]
+    pods = pods_of(make_pod("a", "b-ns", "u1", claims={"gpu": "c1"}), make_pod("z", "a-ns", "u2", claims={"gpu": "c2"}))
+    plan = plan_record(make_record(), claims, pods, MARKED)
+    assert [(e.namespace, e.pod) for e in plan.evict] == [("a-ns", "z"), ("b-ns", "a")]
+    assert plan.holders == ("a-ns/c2", "b-ns/c1")
+
+
+def test_pod_on_another_device_is_untouched() -> None:
+    claims = [make_claim(reserved=[("pod", "pod-uid")]),
+              make_claim("other", device="gpu-1", reserved=[("other-pod", "other-uid")])]
+    pods = pods_of(make_pod(), make_pod("other-pod", uid="other-uid", claims={"gpu": "other"}))
+    plan = plan_record(make_record(), claims, pods, MARKED)
+    assert plan.evict == (eviction(),)
+    assert plan.holders == ("ns/claim",)
+
+
+def test_unallocated_claim_is_not_a_holder() -> None:
+    plan = plan_record(make_record(), [make_claim(allocated=False, reserved=[("pod", "pod-uid")])],
+                       pods_of(make_pod()), MARKED)
+    assert plan == RecordPlan(quarantine_needed=True)
+
+
+def test_pod_with_two_claims_on_the_device_is_evicted_once_at_the_earliest() -> None:
+    claims = [make_claim("slow", reserved=[("pod", "pod-uid")], tolerations=[tol(600)]),
+              make_claim("fast", reserved=[("pod", "pod-uid")], tolerations=[tol(60)])]
+    pod = make_pod(claims={"a": "slow", "b": "fast"})
+    plan = plan_record(make_record(), claims, pods_of(pod), MARKED)
+    assert plan.evict == (eviction(claim="fast", due=MARKED + timedelta(seconds=60)),)
+    assert plan.would_evict == 1 and plan.tolerated == 0
+
+
+def test_pod_with_one_tolerating_and_one_evicting_claim_is_evicted() -> None:
+    claims = [make_claim("forever", reserved=[("pod", "pod-uid")], tolerations=[tol()]),
+              make_claim("plain", reserved=[("pod", "pod-uid")])]
+    pod = make_pod(claims={"a": "forever", "b": "plain"})
+    plan = plan_record(make_record(), claims, pods_of(pod), MARKED)
+    assert plan.evict == (eviction(claim="plain"),)
+    assert plan.tolerated == 0
+
+
+# --- plan_record: tolerations -------------------------------------------------------------------
+
+def test_toleration_seconds_delay_due() -> None:
+    claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol(300)])
+    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    assert plan.evict == (eviction(due=MARKED + timedelta(seconds=300)),)
+
+
+def test_tolerated_forever_is_counted_not_evicted() -> None:
+    claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol()])
+    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    assert plan == RecordPlan(tolerated=1, holders=("ns/claim",), quarantine_needed=True)
+
+
+def test_empty_effect_toleration_does_not_prevent_eviction() -> None:
+    claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[{"operator": "Exists"}])
+    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    assert plan.evict == (eviction(),)
+
+
+# --- plan_record: effects -----------------------------------------------------------------------
+
+def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
+    claims = [make_claim(reserved=[("pod", "pod-uid"), ("tol", "tol-uid")])]
+    forever = make_claim("forever", reserved=[("tol", "tol-uid")], tolerations=[tol()])
+    pods = pods_of(make_pod(), make_pod("tol", uid="tol-uid", claims={"gpu": "forever"}))
+    plan = plan_record(make_record("None"), [*claims, forever], pods, MARKED)
+    assert plan.evict == ()
+    assert plan.would_evict == 1
+    assert plan.tolerated == 1
+    assert plan.quarantine_needed is False
+    assert plan.holders == ("ns/claim", "ns/forever")
+
+
+def test_no_schedule_evicts_nobody_but_needs_quarantine() -> None:
+    plan = plan_record(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()),
+                       MARKED)
+    assert plan == RecordPlan(would_evict=1, holders=("ns/claim",), quarantine_needed=True)
+
+
+def test_record_without_device_plans_nothing() -> None:
+    record = make_record()
+    del record["spec"]["device"]
+    plan = plan_record(record, [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    assert plan == RecordPlan()
+
+
+def test_plan_with_no_claims() -> None:
+    assert plan_record(make_record(), [], {}, MARKED) == RecordPlan(quarantine_needed=True)
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+def test_quarantine_claim_body() -> None:
+    body = quarantine_claim_body(make_record(), "claimwarden", "node-1")
+    assert body["apiVersion"] == "resource.k8s.io/v1"
+    assert body["kind"] == "ResourceClaim"
+    meta = body["metadata"]
+    assert meta["generateName"] == f"{RECORD_NAME}-"
+    assert meta["namespace"] == "claimwarden"
+    assert meta["labels"] == {RECORD_LABEL: RECORD_NAME}
+    assert "ownerReferences" not in meta  # released by claimwarden, never by the garbage collector
+    assert meta["annotations"] == {"claimwarden.io/device": "gpu.example.com/node-1/gpu-0",
+                                   "claimwarden.io/node": "node-1"}
+    assert body["spec"] == {"devices": {"requests": [{"name": "quarantine", "exactly": {
+        "deviceClassName": "claimwarden.io-quarantine", "allocationMode": "ExactCount", "count": 1}}]}}
+
+
+def test_quarantine_claim_body_without_node() -> None:
+    body = quarantine_claim_body(make_record(), "claimwarden", None)
+    assert "claimwarden.io/node" not in body["metadata"]["annotations"]
+
+
+def test_quarantine_claim_body_truncates_long_record_name() -> None:
+    record = make_record()
+    record["metadata"]["name"] = "a" * 49 + "." + "b" * 100
+    meta = quarantine_claim_body(record, "claimwarden", None)["metadata"]
+    assert meta["generateName"] == "a" * 49 + "-"
+    assert meta["labels"][RECORD_LABEL] == label_value(record["metadata"]["name"])
+    assert len(meta["labels"][RECORD_LABEL]) <= 63
+
+
+def test_quarantine_allocation_with_node() -> None:
+    assert quarantine_allocation(REF, "node-1") == {
+        "devices": {"results": [{"request": "quarantine", "driver": DRIVER, "pool": POOL, "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]},
+    }
+
+
+def test_quarantine_allocation_without_node() -> None:
+    assert quarantine_allocation(REF, None) == {
+        "devices": {"results": [{"request": "quarantine", "driver": DRIVER, "pool": POOL, "device": "gpu-0"}]},
+    }
+
+
+@pytest.mark.parametrize("effect", ["NoExecute", "NoSchedule", "None"])
+def test_device_taint_rule_is_always_no_schedule(effect: str) -> None:
+    body = device_taint_rule_body(make_record(effect), "resource.k8s.io/v1alpha3")
+    assert body == {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": f"claimwarden-{RECORD_NAME}", "labels": {RECORD_LABEL: RECORD_NAME}},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": POOL, "device": "gpu-0"},
+                 "taint": {"key": TAINT_KEY, "value": "unhealthy", "effect": "NoSchedule"}},
+    }
+
+
+def test_device_taint_rule_name_is_truncated() -> None:
+    record = make_record()
+    record["metadata"]["name"] = "a" * 240 + "." + "b" * 12
+    body = device_taint_rule_body(record, "resource.k8s.io/v1beta2")
+    assert body["apiVersion"] == "resource.k8s.io/v1beta2"
+    assert body["metadata"]["name"] == "claimwarden-" + "a" * 240
+    assert len(body["metadata"]["labels"][RECORD_LABEL]) <= 63
+
+
+# --- slice_node ---------------------------------------------------------------------------------
+
+def make_slice(name: str, generation: int, devices: tuple[str, ...] = ("gpu-0",), *, node: str | None = "node-1",
+               driver: str = DRIVER, pool: str = POOL) -> dict[str, Any]:
+    slice_spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool, "generation": generation},
+                                  "devices": [{"name": device} for device in devices]}
+    if node:
+        slice_spec["nodeName"] = node
+    return {"metadata": {"name": name}, "spec": slice_spec}
+
+
+def test_slice_node_of_listing_slice() -> None:
+    assert slice_node([make_slice("s", 1)], REF) == "node-1"
+
+
+def test_slice_node_prefers_newest_generation() -> None:
+    slices = [make_slice("new", 3, node="node-3"), make_slice("old", 2, node="node-2")]
+    assert slice_node(slices, REF) == "node-3"
+    assert slice_node(list(reversed(slices)), REF) == "node-3"
+
+
+def test_slice_node_only_counts_slices_listing_the_device() -> None:
+    slices = [make_slice("new", 3, ("gpu-1",), node="node-3"), make_slice("old", 2, node="node-2")]
+    assert slice_node(slices, REF) == "node-2"
+
+
+def test_slice_node_ignores_other_drivers_and_pools() -> None:
+    slices = [make_slice("a", 9, driver="other.example.com", node="x"), make_slice("b", 9, pool="node-2", node="y")]
+    assert slice_node(slices, REF) is None
+
+
+def test_slice_node_unknown_or_without_node() -> None:
+    assert slice_node([], REF) is None
+    assert slice_node([make_slice("s", 1, node=None)], REF) is None
+
+
+def test_slice_node_uses_per_device_node() -> None:
+    slice_ = make_slice("s", 1, node=None)
+    slice_["spec"]["perDeviceNodeSelection"] = True
+    slice_["spec"]["devices"][0]["nodeName"] = "node-7"
+    assert slice_node([slice_], REF) == "node-7"
