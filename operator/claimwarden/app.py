@@ -22,6 +22,7 @@ from .cache import Cache
 from .claims.controller import ClaimsController
 from .health import records
 from .health.controller import HealthController
+from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
 from .podclaims import RESERVED_FOR_MAX, claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
@@ -247,6 +248,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 
     if "metrics" in CONFIG.controllers:
         metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache)))
+        if runtime.health is not None:
+            metrics.REGISTRY.register(metrics.DeviceCollector(runtime.health.device_samples,
+                                                              runtime.health.record_effects))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
@@ -287,7 +291,8 @@ def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
     for claim in cache.claims():
         reserved = len((claim.get("status") or {}).get("reservedFor") or [])
         state = "reserved" if reserved else "allocated" if is_allocated(claim) else "pending"
-        samples.append(metrics.ClaimSample(state, claim_source(claim), reserved >= NEAR_LIMIT_RATIO * RESERVED_FOR_MAX))
+        source = "quarantine" if is_quarantine_claim(claim) else claim_source(claim)
+        samples.append(metrics.ClaimSample(state, source, reserved >= NEAR_LIMIT_RATIO * RESERVED_FOR_MAX))
     return samples
 
 

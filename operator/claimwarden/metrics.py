@@ -56,7 +56,7 @@ EVICTION_LATENCY = Histogram("claimwarden_eviction_latency_seconds", "Time from 
 @dataclass(frozen=True)
 class ClaimSample:
     state: str  # pending, allocated, reserved
-    source: str  # resource_claim_template, extended_resource, user
+    source: str  # resource_claim_template, extended_resource, user, quarantine
     near_limit: bool
 
 
@@ -69,7 +69,7 @@ class ClaimCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         by_state = GaugeMetricFamily("claimwarden_resource_claims", "ResourceClaims by state (pending, "
                                      "allocated, reserved) and source (resource_claim_template, "
-                                     "extended_resource, user).", labels=["state", "source"])
+                                     "extended_resource, user, quarantine).", labels=["state", "source"])
         near = GaugeMetricFamily("claimwarden_claims_near_reservation_limit", "Claims with at least 90% of "
                                  "the 256 status.reservedFor entries in use.")
         counts: dict[tuple[str, str], int] = {}
@@ -82,6 +82,42 @@ class ClaimCollector(Collector):
         near.add_metric([], near_limit)
         yield by_state
         yield near
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    driver: str
+    state: str  # free, allocated, tainted
+
+
+class DeviceCollector(Collector):
+    """Device gauges from the slice, claim and record caches at scrape time."""
+
+    def __init__(self, devices: Callable[[], Iterable[DeviceSample]], records: Callable[[], Iterable[str]]) -> None:
+        self._devices = devices
+        self._records = records
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        by_state = GaugeMetricFamily("claimwarden_devices", "Devices the ResourceSlices publish, by driver and "
+                                     "state (free, allocated, tainted: marked unhealthy with NoExecute or "
+                                     "NoSchedule).", labels=["driver", "state"])
+        counts: dict[tuple[str, str], int] = {}
+        for sample in self._devices():
+            counts[(sample.driver, sample.state)] = counts.get((sample.driver, sample.state), 0) + 1
+        for (driver, state), count in sorted(counts.items()):
+            by_state.add_metric([driver, state], count)
+        marked = GaugeMetricFamily("claimwarden_unhealthy_devices", "UnhealthyDevice records by effect.",
+                                   labels=["effect"])
+        effects: dict[str, int] = {"NoExecute": 0, "NoSchedule": 0, "None": 0}
+        for effect in self._records():
+            effects[effect] = effects.get(effect, 0) + 1
+        for effect, count in sorted(effects.items()):
+            marked.add_metric([effect], count)
+        yield by_state
+        yield marked
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []

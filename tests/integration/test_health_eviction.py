@@ -67,6 +67,12 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
     assert record["spec"]["effect"] == "NoExecute" and record["spec"]["source"] == "annotation"
     assert events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice")
     assert client.CoreV1Api(api).read_namespaced_pod("bystander", namespace).status.phase == "Running"
+    exposition = claimwarden.metrics()
+    assert _counter(exposition, 'claimwarden_evictions_total{result="evicted"}') >= 1
+    assert _counter(exposition, "claimwarden_eviction_latency_seconds_count") >= 1
+    assert _counter(exposition, 'claimwarden_devices{driver="gpu.example.com",state="tainted"}') >= 1
+    assert _counter(exposition, 'claimwarden_unhealthy_devices{effect="NoExecute"}') >= 1
+    assert _counter(exposition, 'claimwarden_resource_claims{source="quarantine",state="allocated"}') >= 1
     unmark(api, pool, device)
 
 

@@ -107,6 +107,25 @@ class HealthController:
         """Records about the device, whatever their names (admins may name their own)."""
         return [r for r in self._records() if records.record_ref(r) == ref]
 
+    def device_samples(self) -> list[metrics.DeviceSample]:
+        """Every published device with its state, for the device gauges."""
+        tainted = {ref for r in self._records() if records.record_effect(r) in ("NoExecute", "NoSchedule")
+                   and (ref := records.record_ref(r)) is not None}
+        allocated = {ref for claim in self.cache.claims() if not plan.is_quarantine_claim(claim)
+                     for ref in _allocated_refs(claim)}
+        samples = []
+        for slice_ in self._slices():
+            spec = slice_.get("spec") or {}
+            driver, pool = spec.get("driver") or "", (spec.get("pool") or {}).get("name") or ""
+            for device in spec.get("devices") or []:
+                ref = DeviceRef(driver, pool, device.get("name") or "")
+                state = "tainted" if ref in tainted else "allocated" if ref in allocated else "free"
+                samples.append(metrics.DeviceSample(driver, state))
+        return samples
+
+    def record_effects(self) -> list[str]:
+        return [records.record_effect(r) for r in self._records()]
+
     def record_names(self) -> list[str]:
         return [r["metadata"]["name"] for r in self._records()]
 
