@@ -249,8 +249,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     if "metrics" in CONFIG.controllers:
         metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache)))
         if runtime.health is not None:
-            metrics.REGISTRY.register(metrics.DeviceCollector(runtime.health.device_samples,
-                                                              runtime.health.record_effects))
+            metrics.REGISTRY.register(metrics.DeviceCollector(
+                runtime.health.device_samples, runtime.health.record_effects, runtime.health.pending_evictions))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 

@@ -96,9 +96,11 @@ class DeviceSample:
 class DeviceCollector(Collector):
     """Device gauges from the slice, claim and record caches at scrape time."""
 
-    def __init__(self, devices: Callable[[], Iterable[DeviceSample]], records: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, devices: Callable[[], Iterable[DeviceSample]], records: Callable[[], Iterable[str]],
+                 pending: Callable[[], int]) -> None:
         self._devices = devices
         self._records = records
+        self._pending = pending
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         by_state = GaugeMetricFamily("claimwarden_devices", "Devices the ResourceSlices publish, by driver and "
@@ -116,8 +118,13 @@ class DeviceCollector(Collector):
             effects[effect] = effects.get(effect, 0) + 1
         for effect, count in sorted(effects.items()):
             marked.add_metric([effect], count)
+        pending = GaugeMetricFamily("claimwarden_eviction_pending_pods", "Pods still on a device marked "
+                                    "unhealthy with NoExecute, waiting to be evicted (for example blocked by a "
+                                    "PodDisruptionBudget).")
+        pending.add_metric([], self._pending())
         yield by_state
         yield marked
+        yield pending
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []

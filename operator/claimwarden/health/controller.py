@@ -123,6 +123,10 @@ class HealthController:
                 samples.append(metrics.DeviceSample(driver, state))
         return samples
 
+    def pending_evictions(self) -> int:
+        return sum(int((r.get("status") or {}).get("podsPending") or 0) for r in self._records()
+                   if records.record_effect(r) == "NoExecute")
+
     def record_effects(self) -> list[str]:
         return [records.record_effect(r) for r in self._records()]
 
@@ -225,9 +229,14 @@ class HealthController:
                 await self._allocate_quarantine(claim, ref)
         if not existing or reassert:
             node = plan.slice_node(self._slices(), ref)
-            await self.kube.ensure_namespace(self.namespace)
-            created = await self.kube.create_claim(self.namespace,
-                                                   plan.quarantine_claim_body(record, self.namespace, node))
+            body = plan.quarantine_claim_body(record, self.namespace, node)
+            try:
+                created = await self.kube.create_claim(self.namespace, body)
+            except ApiError as exc:
+                if not exc.not_found:  # the namespace is missing (e.g. a local run): create it once
+                    raise
+                await self.kube.create_namespace(self.namespace)
+                created = await self.kube.create_claim(self.namespace, body)
             await self._allocate_quarantine(created, ref, node)
             names.append(created["metadata"]["name"])
             log.info("device %s/%s/%s quarantined by claim %s/%s", ref.driver, ref.pool, ref.device,

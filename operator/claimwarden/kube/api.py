@@ -118,14 +118,14 @@ class Kube:
                 "deleteOptions": {"preconditions": {"uid": uid}}}
         await self._must("POST", _path(CORE, namespace, "pods", name, "eviction"), body)
 
-    async def ensure_namespace(self, name: str) -> None:
-        if await self.request("GET", f"{CORE}/namespaces/{quote(name, safe='')}", allow_missing=True) is None:
-            try:
-                await self._must("POST", f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                                 "metadata": {"name": name}})
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
+    async def create_namespace(self, name: str) -> None:
+        """Create a namespace; one that already exists is fine."""
+        try:
+            await self._must("POST", f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                             "metadata": {"name": name}})
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
 
     # --- cluster-scoped objects by group/version/plural -------------------------------------
 

@@ -88,9 +88,8 @@ class ReservationsController:
                 ops.append({"op": "replace", "path": "/status/reservedFor", "value": list(claim_plan.keep)}
                            if claim_plan.keep else {"op": "remove", "path": "/status/reservedFor"})
             if claim_plan.deallocate and status.get("allocation"):
+                # status.devices is the driver's to clean up (1.36+ guards it with resourceclaims/driver).
                 ops.append({"op": "remove", "path": "/status/allocation"})
-                if status.get("devices"):
-                    ops.append({"op": "remove", "path": "/status/devices"})
             claim = await self.kube.patch_claim_status(namespace, name, ops)
             metrics.RESERVATIONS_REMOVED.inc(len(claim_plan.drop))
             if claim_plan.deallocate:
