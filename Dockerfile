@@ -1,12 +1,13 @@
-# claimwarden: build a wheel, install it into a venv, copy only the venv into a slim image.
+# claimwarden: build the wheel in a builder stage, install it into a venv, copy only the venv.
 FROM python:3.11-slim AS build
 WORKDIR /src
-RUN python -m venv /opt/claimwarden && /opt/claimwarden/bin/pip install --no-cache-dir --upgrade pip build
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN /opt/claimwarden/bin/python -m build --wheel --outdir /dist . \
+RUN python -m venv /opt/claimwarden \
+ && /opt/claimwarden/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/claimwarden/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
  && /opt/claimwarden/bin/pip install --no-cache-dir /dist/*.whl \
- && /opt/claimwarden/bin/pip uninstall --yes build pip \
+ && /opt/claimwarden/bin/pip uninstall --yes pip \
  && /opt/claimwarden/bin/python -m compileall -q /opt/claimwarden
 
 FROM python:3.11-slim

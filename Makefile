@@ -9,7 +9,11 @@ LAB_ARGS ?=
 KUBECONFIG_LAB := $(LAB_DIR)/kubeconfig
 PYTEST_ARGS ?=
 
-.PHONY: help venv bins lab lab-down demo run test test-unit test-integration lint
+KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
+IMAGE ?= claimwarden:0.1.0
+
+.PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
+	install uninstall deploy undeploy image
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,6 +30,9 @@ venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools inst
 bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok (cached)
 	bins/build.sh
 
+prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
+	bins/install-prometheus.sh
+
 lab: venv bins ## start the local lab (LAB_DIR, LAB_ARGS) in the background
 	$(BIN)/claimwarden lab up --dir $(LAB_DIR) $(LAB_ARGS)
 
@@ -34,7 +41,7 @@ lab-down: venv ## stop the local lab and remove its state
 
 demo: lab ## build what is missing, start the lab, show it, and run claimwarden on it (Ctrl-C stops it)
 	@eval "$$($(BIN)/claimwarden lab env --dir $(LAB_DIR))" && \
-	  kubectl apply -f crds/ && kubectl wait --for=condition=Established --timeout=60s crd --all && \
+	  kubectl apply -k crds/ && kubectl wait --for=condition=Established --timeout=60s crd --all && \
 	  kubectl version && kubectl get nodes -o wide && kubectl get deviceclasses,resourceslices
 	@echo "claimwarden runs against the lab now; Ctrl-C stops it, 'make lab-down' stops the lab"
 	$(BIN)/claimwarden run --kubeconfig $(KUBECONFIG_LAB) --liveness http://127.0.0.1:8080/healthz \
@@ -43,15 +50,40 @@ demo: lab ## build what is missing, start the lab, show it, and run claimwarden 
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins ## run unit and integration tests (builds the binaries first if needed)
+test: venv bins prometheus ## run all tests (builds the binaries and installs Prometheus first if needed)
 	$(BIN)/pytest $(PYTEST_ARGS) tests
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
-test-integration: venv bins ## run the integration tests only (starts a lab)
+test-integration: venv bins prometheus ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check operator tests
 	$(BIN)/mypy
+
+manifests: ## render manifests/base and manifests/monitoring into dist/
+	@mkdir -p dist
+	$(KUBECTL) kustomize manifests/base > dist/claimwarden.yaml
+	$(KUBECTL) kustomize manifests/monitoring > dist/claimwarden-monitoring.yaml
+	@echo "wrote dist/claimwarden.yaml and dist/claimwarden-monitoring.yaml"
+
+install: ## install the CRDs into the current cluster
+	$(KUBECTL) apply -k crds/
+
+uninstall: ## remove the CRDs (and with them every UnhealthyDevice record)
+	$(KUBECTL) delete -k crds/
+
+deploy: ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service) into the current cluster
+	$(KUBECTL) apply -k manifests/base
+
+undeploy: ## remove what deploy installed
+	$(KUBECTL) delete -k manifests/base
+
+image: ## build the container image (needs a running container engine)
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  docker build -t $(IMAGE) . ; \
+	else \
+	  echo "image: no running container engine (docker info failed); build on a machine with one: docker build -t $(IMAGE) ." >&2; exit 1; \
+	fi

@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     if "health" in args.controllers:
         if not app.records_crd_installed():
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
-                  "run 'kubectl apply -f crds/', or leave 'health' out of --controllers", file=sys.stderr)
+                  "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
         app.register_health_handlers()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from claimwarden.lab import cluster
@@ -27,12 +28,41 @@ _LAB_ERROR: list[str] = []
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
+BASE = Path(__file__).resolve().parents[2] / "manifests" / "base"
+SERVICE_ACCOUNT = ("claimwarden-system", "claimwarden")
+
+
 def install_crds(state: cluster.LabState) -> None:
-    """`kubectl apply -f crds/`, as a user installs claimwarden's CRDs, then wait until they serve."""
+    """Install what claimwarden needs as a user would: the CRDs, its namespace, ServiceAccount and RBAC.
+
+    claimwarden then runs in every integration test as that ServiceAccount (a real token from the
+    TokenRequest API), so the suites prove the ClusterRole is enough.
+    """
     kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
-    subprocess.run([*kubectl, "apply", "-f", str(CRDS)], check=True, capture_output=True)
+    subprocess.run([*kubectl, "apply", "-k", str(CRDS)], check=True, capture_output=True)
+    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
+        subprocess.run([*kubectl, "apply", "-f", str(BASE / name)], check=True, capture_output=True)
     subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
                     "crd/unhealthydevices.claimwarden.io"], check=True, capture_output=True)
+
+
+def service_account_kubeconfig(state: cluster.LabState) -> Path:
+    """A kubeconfig holding a token of claimwarden's ServiceAccount (created once per lab)."""
+    path = state.dir / "claimwarden.kubeconfig"
+    if path.exists():
+        return path
+    namespace, name = SERVICE_ACCOUNT
+    with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
+        request = client.CoreV1Api(api).create_namespaced_service_account_token(name, namespace, body={
+            "spec": {"audiences": [], "expirationSeconds": 86400}})
+    token = request.status.token
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "claimwarden",
+        "clusters": [{"name": "lab", "cluster": {"server": state.api_url,
+                                                 "certificate-authority": str(state.dir / "pki" / "ca.crt")}}],
+        "users": [{"name": "claimwarden", "user": {"token": token}}],
+        "contexts": [{"name": "claimwarden", "context": {"cluster": "lab", "user": "claimwarden"}}]}))
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +111,7 @@ def lab_dir(lab: cluster.LabState) -> Path:
 def operator_process(lab: cluster.LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     """One claimwarden for the session, started on first use; tests may stop or kill it."""
     log = tmp_path_factory.mktemp("claimwarden") / "claimwarden.log"
-    process = Operator(lab.kubeconfig, log)
+    process = Operator(service_account_kubeconfig(lab), log)
     yield process
     code = process.stop()
     assert code in (None, 0), f"claimwarden exited with {code} at the end of the session"

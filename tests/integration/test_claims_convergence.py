@@ -12,7 +12,7 @@ from kubernetes import client, config
 
 from claimwarden.lab.cluster import LabState
 
-from .conftest import extra_lab
+from .conftest import extra_lab, service_account_kubeconfig
 from .helpers import create_pods, delete_pods, pod_with_claims, template, wait_for
 from .operator import Operator
 
@@ -70,7 +70,7 @@ def test_sigkill_during_churn_converges_after_restart(churn_lab: LabState,
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     namespace = "churn"
     api = _client_with_template(churn_lab, namespace)
-    operator = Operator(churn_lab.kubeconfig, tmp_path_factory.mktemp("churn") / "claimwarden.log")
+    operator = Operator(service_account_kubeconfig(churn_lab), tmp_path_factory.mktemp("churn") / "claimwarden.log")
     operator.start()
     names = [f"pod-{i:03d}" for i in range(100)]
     deleted = names[::2]
@@ -109,7 +109,7 @@ def test_beside_upstream_controller_every_pod_gets_exactly_one_claim(
         upstream_lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> None:
     namespace = "side-by-side"
     api = _client_with_template(upstream_lab, namespace)
-    operator = Operator(upstream_lab.kubeconfig, tmp_path_factory.mktemp("side") / "claimwarden.log")
+    operator = Operator(service_account_kubeconfig(upstream_lab), tmp_path_factory.mktemp("side") / "claimwarden.log")
     operator.start()
     try:
         bodies: list[dict[str, Any]] = [pod_with_claims(f"pod-{i:03d}", TEMPLATE_CLAIM) for i in range(200)]

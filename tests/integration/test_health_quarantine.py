@@ -16,7 +16,7 @@ from kubernetes import client, config
 
 from claimwarden.lab.cluster import LabState
 
-from .conftest import extra_lab
+from .conftest import extra_lab, service_account_kubeconfig
 from .health_helpers import device_of, holders, mark, unmark, wait_gone
 from .helpers import pod_with_claims, template, wait_for
 from .operator import Operator
@@ -65,7 +65,8 @@ def test_marked_devices_are_never_given_out_until_cleared(small_lab: LabState,
     namespace = "fill"
     core.create_namespace(body={"metadata": {"name": namespace}})
     resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
-    operator = Operator(small_lab.kubeconfig, tmp_path_factory.mktemp("quarantine") / "claimwarden.log")
+    log = tmp_path_factory.mktemp("quarantine") / "claimwarden.log"
+    operator = Operator(service_account_kubeconfig(small_lab), log)
     operator.start()
     taint_rules = bool(small_lab.options.get("runtime_config"))
     try:

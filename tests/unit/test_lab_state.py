@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from claimwarden.lab import binaries, cluster
-from claimwarden.lab.processes import LabError, Process, is_running
+from claimwarden.lab.processes import LabError, Process, is_running, start_time
 
 
 def _dead_pid() -> int:
@@ -85,6 +85,18 @@ def test_pid_running_another_binary_is_not_ours() -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         assert not is_running(Process("etcd", sleeper.pid, "/usr/bin/etcd", "x.log"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_reused_pid_with_another_start_time_is_not_ours() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        started = start_time(sleeper.pid)
+        assert started > 0
+        assert is_running(Process("etcd", sleeper.pid, "/usr/bin/etcd", "x.log", started=started))
+        assert not is_running(Process("etcd", sleeper.pid, "sleep", "x.log", started=started + 1))
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -27,13 +27,18 @@ class Process:
     pid: int
     binary: str
     log: str
+    # When the kernel started the process (/proc/PID/stat field 22): with the PID it identifies the
+    # process for good, even if the PID is later reused, and unlike the command line it is already
+    # final when Popen returns.
+    started: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Process:
-        return cls(name=data["name"], pid=int(data["pid"]), binary=data["binary"], log=data["log"])
+        return cls(name=data["name"], pid=int(data["pid"]), binary=data["binary"], log=data["log"],
+                   started=int(data.get("started", 0)))
 
 
 def free_port() -> int:
@@ -51,19 +56,31 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def is_running(proc: Process) -> bool:
-    """True if the PID is alive and still runs the binary we started (PIDs get reused)."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None if there is no such process."""
     try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else 0  # field 22 of stat; fields[0] is field 3
+
+
+def is_running(proc: Process) -> bool:
+    """True if the process we started is still alive (not a zombie, not a reused PID)."""
+    fields = _stat(proc.pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    if proc.started:
+        return int(fields[19]) == proc.started
+    try:  # a state file from before start times were recorded
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if cmdline.split(b"\0", 1)[0].decode(errors="replace") != proc.binary:
-        return False
-    try:
-        stat = Path(f"/proc/{proc.pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return cmdline.split(b"\0", 1)[0].decode(errors="replace") == proc.binary
 
 
 def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Process:
@@ -72,7 +89,7 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, env={**os.environ, **(env or {})})
-    return Process(name=name, pid=popen.pid, binary=argv[0], log=str(log_path))
+    return Process(name=name, pid=popen.pid, binary=argv[0], log=str(log_path), started=start_time(popen.pid))
 
 
 def stop(proc: Process, grace: float = 15.0) -> None:
@@ -97,10 +114,17 @@ def stop(proc: Process, grace: float = 15.0) -> None:
         time.sleep(0.1)
 
 
-def _reap(pid: int) -> None:
-    """Collect our own exited child, if it is one, so it does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+def _reap(pid: int) -> str:
+    """Collect our own exited child, if it is one, so it does not linger as a zombie; say how it ended."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return ""
+    if reaped != pid:
+        return ""
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def log_tail(proc: Process, lines: int = 15) -> str:
@@ -111,14 +135,15 @@ def log_tail(proc: Process, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def explain_exit(proc: Process) -> str:
+def explain_exit(proc: Process, how: str = "") -> str:
     """One line saying why a component died, from what it logged."""
     tail = log_tail(proc, 60)
     if "address already in use" in tail:
         return (f"{proc.name} could not listen: a port it needs is already in use "
                 f"(see {proc.log}); stop what uses it or run 'claimwarden lab down'")
     last = [line for line in tail.splitlines() if line.strip()]
-    return f"{proc.name} exited during start-up: {last[-1] if last else 'no output'} (log: {proc.log})"
+    ended = f" ({how})" if how else ""
+    return f"{proc.name} exited during start-up{ended}: {last[-1] if last else 'no output'} (log: {proc.log})"
 
 
 def http_ok(url: str, ca_file: str | None = None, timeout: float = 2.0) -> bool:
@@ -145,8 +170,7 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float, watched: li
     while time.monotonic() < deadline:
         for proc in watched:
             if not is_running(proc):
-                _reap(proc.pid)
-                raise LabError(explain_exit(proc))
+                raise LabError(explain_exit(proc, _reap(proc.pid)))
         if check():
             return
         time.sleep(interval)

@@ -1,0 +1,75 @@
+"""Installing with `kubectl apply -k`, and what claimwarden's ServiceAccount may and may not do."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from claimwarden.lab.cluster import LabState
+
+from .helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SA = "system:serviceaccount:claimwarden-system:claimwarden"
+
+
+def _kubectl(lab: LabState, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([f"{lab.bin_dir}/kubectl", f"--kubeconfig={lab.kubeconfig}", *args],
+                          capture_output=True, text=True, check=check)
+
+
+def test_manifests_apply_and_the_deployment_passes_restricted_pod_security(lab: LabState,
+                                                                           api: client.ApiClient) -> None:
+    applied = _kubectl(lab, "apply", "-k", str(ROOT / "manifests" / "base"))
+    assert "deployment.apps/claimwarden" in applied.stdout
+    try:
+        # The namespace enforces the restricted Pod Security level: the pod is only created if it complies.
+        core = client.CoreV1Api(api)
+        pod = wait_for("the claimwarden pod admitted", lambda: next(iter(core.list_namespaced_pod(
+            "claimwarden-system", label_selector="app.kubernetes.io/name=claimwarden").items), None), 60)
+        security = pod.spec.containers[0].security_context
+        assert security.read_only_root_filesystem and not security.allow_privilege_escalation
+        assert pod.spec.service_account_name == "claimwarden"
+    finally:
+        _kubectl(lab, "delete", "deployment", "claimwarden", "-n", "claimwarden-system", "--wait=false")
+
+
+def test_monitoring_overlay_renders(lab: LabState) -> None:
+    rendered = list(yaml.safe_load_all(_kubectl(lab, "kustomize", str(ROOT / "manifests" / "monitoring")).stdout))
+    kinds = sorted(d["kind"] for d in rendered)
+    assert "ServiceMonitor" in kinds and "PrometheusRule" in kinds and "Deployment" in kinds
+
+
+def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "base" / "rbac.yaml").read_text()))
+    [role] = [d for d in docs if d["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+        assert "secrets" not in rule["resources"], rule
+
+
+@pytest.mark.parametrize(("verb", "resource", "allowed"), [
+    ("get", "secrets", False),
+    ("list", "secrets", False),
+    ("delete", "nodes", False),
+    ("update", "resourceslices.resource.k8s.io", False),
+    ("patch", "resourceslices.resource.k8s.io", False),
+    ("delete", "pods", False),
+    ("patch", "pods", False),
+    ("create", "pods/exec", False),
+    ("create", "pods/eviction", True),
+    ("patch", "resourceclaims.resource.k8s.io/status", True),
+    ("create", "resourceclaims.resource.k8s.io", True),
+    ("patch", "unhealthydevices.claimwarden.io/status", True),
+])
+def test_the_service_account_gets_exactly_what_it_needs(lab: LabState, verb: str, resource: str,
+                                                        allowed: bool) -> None:
+    resource, _, subresource = resource.partition("/")
+    extra = [f"--subresource={subresource}"] if subresource else []
+    answer = _kubectl(lab, "auth", "can-i", verb, resource, *extra, "--all-namespaces", f"--as={SA}", check=False)
+    assert answer.stdout.strip() == ("yes" if allowed else "no"), answer.stdout + answer.stderr

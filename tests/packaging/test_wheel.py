@@ -1,0 +1,46 @@
+"""The wheel installs and runs from a clean virtualenv, as the Dockerfile's build stage does it.
+
+No container engine runs here, so this is the image's recipe without the image: `pip wheel
+--no-deps .`, a fresh venv, `pip install` of the wheel (dependencies from the index), then the
+entry point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*argv: str | Path, cwd: Path | None = None) -> str:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd, timeout=900)
+    assert result.returncode == 0, f"{argv} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_wheel_installs_in_a_clean_virtualenv_and_runs(tmp_path: Path) -> None:
+    wheels = tmp_path / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, ROOT)
+    [wheel] = list(wheels.glob("claimwarden-*.whl"))
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv)
+    _run(venv / "bin" / "pip", "install", "--quiet", wheel)
+    assert _run(venv / "bin" / "claimwarden", "--version").strip() == "claimwarden 0.1.0"
+    help_text = _run(venv / "bin" / "claimwarden", "run", "--help")
+    assert "--controllers" in help_text and "--metrics-port" in help_text
+    # Only the package, no tests or lab binaries, goes into the wheel.
+    listing = _run(venv / "bin" / "python", "-c",
+                   "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('claimwarden')))")
+    assert "claimwarden/cli.py" in listing and "tests/" not in listing
+
+
+def test_dockerfile_runs_as_a_numeric_non_root_user_without_compilers() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert len(froms) == 2 and " AS build" in froms[0], "a builder stage and a final stage"
+    final = text[text.rindex("\nFROM "):]
+    assert "USER 65532:65532" in final
+    assert 'ENTRYPOINT ["claimwarden", "run"]' in final
+    assert "apt-get" not in final and "gcc" not in final and "pip install" not in final
