@@ -169,7 +169,10 @@ class HealthController:
         record = self._record(name)
         if record is None:
             self._forget_record(name)
-            await self._release_quarantine(self._quarantine_claims(name))
+            claims = self._quarantine_claims(name)
+            # Freeing a device is destructive: confirm the record is really gone first.
+            if claims and await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
+                await self._release_quarantine(claims)
             return
         moment = now()
         if records.is_expired(record, moment):
@@ -270,11 +273,19 @@ class HealthController:
             log.info("quarantine claim %s/%s released", self.namespace, meta["name"])
 
     async def release_orphaned_quarantine(self) -> None:
-        """Quarantine claims whose record is gone (deleted while claimwarden was down)."""
-        live = {records.label_value(name) for name in self.record_names()}
-        orphans = [c for c in self.cache.claims() if c["metadata"].get("namespace") == self.namespace
-                   and (label := (c["metadata"].get("labels") or {}).get(records.RECORD_LABEL)) and label not in live]
-        await self._release_quarantine(orphans)
+        """Quarantine claims whose record is gone (deleted while claimwarden was down).
+
+        Decided on a live list of the records, not the index: this runs beside the watches and
+        must never free a device because an index was not filled yet.
+        """
+        candidates = [c for c in self.cache.claims() if c["metadata"].get("namespace") == self.namespace
+                      and (c["metadata"].get("labels") or {}).get(records.RECORD_LABEL)]
+        if not candidates:
+            return
+        listing = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+        live = {records.label_value(r["metadata"]["name"]) for r in listing}
+        await self._release_quarantine([c for c in candidates
+                                        if c["metadata"]["labels"][records.RECORD_LABEL] not in live])
 
     async def _allocate_quarantine(self, claim: Body, ref: DeviceRef, node: str | None = None) -> None:
         node = node or plan.slice_node(self._slices(), ref)

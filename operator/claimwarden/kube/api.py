@@ -133,6 +133,10 @@ class Kube:
         return await self._must("POST", f"/apis/{group_version}/{plural}", body,
                                 query={"fieldManager": FIELD_MANAGER})
 
+    async def list_cluster_objects(self, group_version: str, plural: str) -> list[Body]:
+        listing = await self._must("GET", f"/apis/{group_version}/{plural}")
+        return list(listing.get("items") or [])
+
     async def get_cluster_object(self, group_version: str, plural: str, name: str) -> Body | None:
         return await self.request("GET", f"/apis/{group_version}/{plural}/{quote(name, safe='')}",
                                   allow_missing=True)
