@@ -1,0 +1,84 @@
+"""The work queue's guarantees: one entry per key, never two workers on a key, back-off on failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+
+import pytest
+
+from claimwarden.workqueue import Requeue, WorkQueue, run_workers
+
+
+def test_a_key_added_twice_is_queued_once() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue("test-dedupe")
+        queue.add("a")
+        queue.add("a")
+        queue.add("b")
+        assert len(queue) == 2
+        assert await queue.get() == "a"
+        assert await queue.get() == "b"
+
+    asyncio.run(scenario())
+
+
+def test_a_key_added_while_processing_is_processed_again_afterwards() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue("test-reprocess")
+        queue.add("a")
+        key = await queue.get()
+        queue.add("a")  # an event arrives while a worker holds the key
+        assert len(queue) == 0, "not handed to a second worker meanwhile"
+        queue.done(key)
+        assert len(queue) == 1
+        assert await queue.get() == "a"
+
+    asyncio.run(scenario())
+
+
+def test_retry_delays_double_per_failure_and_forget_resets_them() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue("test-backoff", base_delay=0.1, max_delay=0.5)
+        assert [queue.retry("a") for _ in range(4)] == [0.1, 0.2, 0.4, 0.5]
+        queue.forget("a")
+        assert queue.retry("a") == 0.1
+        queue.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_add_after_keeps_the_earliest_due_time() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue("test-after")
+        queue.add_after("a", 10)
+        queue.add_after("a", 0.05)
+        await asyncio.wait_for(queue.get(), 1)
+        queue.shutdown()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("outcome", ["success", "error", "requeue"])
+def test_workers_reconcile_and_retry_failures(outcome: str) -> None:
+    seen: list[Hashable] = []
+
+    async def scenario() -> None:
+        queue = WorkQueue(f"test-workers-{outcome}", base_delay=0.01)
+
+        async def reconcile(key: Hashable) -> None:
+            seen.append(key)
+            if len(seen) == 1 and outcome == "error":
+                raise RuntimeError("first attempt fails")
+            if len(seen) == 1 and outcome == "requeue":
+                raise Requeue(0.01)
+
+        workers = asyncio.create_task(run_workers(queue, reconcile, 2))
+        queue.add("a")
+        await asyncio.sleep(0.3)
+        workers.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await workers
+
+    asyncio.run(scenario())
+    assert seen == (["a"] if outcome == "success" else ["a", "a"])
