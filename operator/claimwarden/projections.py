@@ -38,6 +38,9 @@ def claim(body: Mapping[str, Any]) -> Body:
     projected: Body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                        "metadata": _meta(body, "annotations", "labels", "ownerReferences", "finalizers"),
                        "status": {}}
+    requests = _request_tolerations(((body.get("spec") or {}).get("devices") or {}).get("requests") or [])
+    if requests:
+        projected["spec"] = {"devices": {"requests": requests}}
     allocation = status.get("allocation")
     if allocation:
         devices = allocation.get("devices") or {}
@@ -45,6 +48,23 @@ def claim(body: Mapping[str, Any]) -> Body:
     if status.get("reservedFor"):
         projected["status"]["reservedFor"] = copy.deepcopy(status["reservedFor"])
     return projected
+
+
+def _request_tolerations(requests: list[Any]) -> list[Body]:
+    """Only the request names and tolerations (1.34 never copies tolerations into results)."""
+    kept = []
+    for request in requests:
+        exactly = request.get("exactly") or {}
+        subs = [{"name": sub.get("name"), "tolerations": copy.deepcopy(sub["tolerations"])}
+                for sub in request.get("firstAvailable") or [] if sub.get("tolerations")]
+        if exactly.get("tolerations") or subs:
+            entry: Body = {"name": request.get("name")}
+            if exactly.get("tolerations"):
+                entry["exactly"] = {"tolerations": copy.deepcopy(exactly["tolerations"])}
+            if subs:
+                entry["firstAvailable"] = subs
+            kept.append(entry)
+    return kept
 
 
 def template(body: Mapping[str, Any]) -> Body:

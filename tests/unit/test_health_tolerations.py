@@ -147,8 +147,27 @@ def test_claim_eviction_time_none_when_tolerated_forever() -> None:
     assert claim_eviction_time(claim, REF, TAINT, ADDED) is None
 
 
-def test_claim_eviction_time_ignores_spec_tolerations() -> None:
-    claim = claim_with(result())
+def test_claim_eviction_time_prefers_the_results_copy_over_the_spec() -> None:
+    copied = result()
+    copied["tolerations"] = []
+    claim = claim_with(copied)
     claim["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
         "deviceClassName": "gpu", "tolerations": [tol(operator="Exists")]}}]}}
     assert claim_eviction_time(claim, REF, TAINT, ADDED) == ADDED
+    del copied["tolerations"]  # no copy (Kubernetes 1.34): the request's toleration applies
+    assert claim_eviction_time(claim, REF, TAINT, ADDED) is None
+
+
+def test_request_tolerations_stand_in_when_the_result_has_no_copy() -> None:
+    """Kubernetes 1.34's allocator never copies tolerations into results."""
+    from claimwarden.health.tolerations import result_tolerations
+
+    toleration = {"key": "claimwarden.io/unhealthy", "operator": "Exists", "effect": "NoExecute"}
+    claim = {"spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"tolerations": [toleration]}},
+        {"name": "any", "firstAvailable": [{"name": "big"}, {"name": "small", "tolerations": [toleration]}]}]}}}
+    assert result_tolerations(claim, {"request": "gpu"}) == [toleration]
+    assert result_tolerations(claim, {"request": "any/small"}) == [toleration]
+    assert result_tolerations(claim, {"request": "any/big"}) == []
+    assert result_tolerations(claim, {"request": "gpu", "tolerations": []}) == []  # a copy wins, even empty
+    assert result_tolerations(claim, {"request": "other"}) == []

@@ -86,6 +86,27 @@ def allocation_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return list((allocation.get("devices") or {}).get("results") or [])
 
 
+def result_tolerations(claim: dict[str, Any], result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tolerations that apply to one allocation result.
+
+    The result's own copy when it has one (the scheduler copies them from 1.35 on). Kubernetes
+    1.34's allocator honours request tolerations but never copies them, so there the request's
+    tolerations in the claim spec (`<request>` or `<request>/<subrequest>`) are used instead.
+    """
+    if "tolerations" in result and result["tolerations"] is not None:
+        return list(result["tolerations"])
+    request, _, subrequest = str(result.get("request") or "").partition("/")
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if entry.get("name") != request:
+            continue
+        if not subrequest:
+            return list((entry.get("exactly") or {}).get("tolerations") or [])
+        for sub in entry.get("firstAvailable") or []:
+            if sub.get("name") == subrequest:
+                return list(sub.get("tolerations") or [])
+    return []
+
+
 def claim_eviction_time(claim: dict[str, Any], ref: DeviceRef, taint: dict[str, Any],
                         time_added: datetime) -> datetime | None:
     """The earliest eviction time over the claim's allocation results for this device.
@@ -97,6 +118,6 @@ def claim_eviction_time(claim: dict[str, Any], ref: DeviceRef, taint: dict[str, 
         evict_at
         for result in allocation_results(claim)
         if names_device(result, ref)
-        and (evict_at := eviction_time(taint, result.get("tolerations") or [], time_added)) is not None
+        and (evict_at := eviction_time(taint, result_tolerations(claim, result), time_added)) is not None
     ]
     return min(times, default=None)
