@@ -156,7 +156,8 @@ async def pod_event(namespace: str | None, name: str, body: kopf.Body, memo: kop
 
 
 @kopf.on.event(*CLAIMS)
-async def claim_event(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def claim_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
+                      **_: Any) -> None:
     namespace = namespace or ""
     runtime: Runtime | None = memo.get("runtime")
     if runtime is None:
@@ -166,6 +167,8 @@ async def claim_event(namespace: str | None, name: str, body: kopf.Body, memo: k
     if runtime.health:
         runtime.health.enqueue_for_claim(namespace, name, dict(body))
     if runtime.claims:
+        if type == "DELETED":
+            runtime.claims.forget_deleted_claim(name)
         for pod in runtime.cache.pods_using_claim(namespace, name):
             runtime.claims.enqueue_pod(namespace, pod)
         for ref in (body.get("metadata") or {}).get("ownerReferences") or []:

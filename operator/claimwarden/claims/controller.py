@@ -45,6 +45,11 @@ class ClaimsController:
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
 
+    def forget_deleted_claim(self, name: str) -> None:
+        """A claim we created was deleted (maybe before the watch delivered it): stop counting on it."""
+        for key in [k for k in self._recent if k[1] == name]:
+            del self._recent[key]
+
     async def reconcile(self, key: Hashable) -> None:
         namespace, name = cast(tuple[str, str], key)
         pod = self.cache.pod(namespace, name)
