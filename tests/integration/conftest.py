@@ -76,8 +76,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LabState]:
     except LabError as exc:
         _LAB_ERROR.append(f"the lab could not start: {exc}")
         pytest.fail(_LAB_ERROR[0], pytrace=False)
-    install_crds(state)
     try:
+        install_crds(state)
         yield state
     finally:
         if os.environ.get("CLAIMWARDEN_KEEP_LAB"):
@@ -131,8 +131,8 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Itera
         state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
     except LabError as exc:
         pytest.fail(f"the extra lab could not start: {exc}", pytrace=False)
-    install_crds(state)
     try:
+        install_crds(state)
         yield state
     finally:
         cluster.down(directory, say=lambda line: print(f"lab: {line}"))
