@@ -25,9 +25,9 @@ from .health.controller import HealthController
 from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
-from .podclaims import RESERVED_FOR_MAX, claim_source, controlling_pod_uid, is_allocated, resolve_claim_names
+from .podclaims import claim_source, controlling_pod_ref, controlling_pod_uid, is_allocated, resolve_claim_names
 from .reservations.controller import ReservationsController
-from .reservations.plan import NEAR_LIMIT_RATIO
+from .reservations.plan import is_near_limit
 from .workqueue import run_workers
 
 log = logging.getLogger("claimwarden")
@@ -171,9 +171,9 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
             runtime.claims.forget_deleted_claim(name)
         for pod in runtime.cache.pods_using_claim(namespace, name):
             runtime.claims.enqueue_pod(namespace, pod)
-        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
-                runtime.claims.enqueue_pod(namespace, ref["name"])
+        owner = controlling_pod_ref(dict(body))
+        if owner is not None:
+            runtime.claims.enqueue_pod(namespace, owner["name"])
 
 
 async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
@@ -223,7 +223,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
-    cache = Cache({name: kwargs[name] for name in INDEX_NAMES})
+    cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES) if name in kwargs})
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
     runtime = Runtime(cache=cache, kube=kube)
     if "claims" in CONFIG.controllers:
@@ -231,11 +231,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.tasks.append(asyncio.create_task(
             run_workers(runtime.claims.queue, runtime.claims.reconcile, CONFIG.workers), name="claims"))
     if "health" in CONFIG.controllers:
-        slices, record_index = kwargs["slices_by_name"], kwargs["records_by_name"]
-        runtime.health = HealthController(
-            cache, kube, CONFIG.namespace,
-            slices=lambda: _values(slices), slice_by_name=lambda n: _first(slices, n),
-            record_by_name=lambda n: _first(record_index, n), all_records=lambda: _values(record_index))
+        runtime.health = HealthController(cache, kube, CONFIG.namespace)
         for queue, reconcile in ((runtime.health.slice_queue, runtime.health.reconcile_slice),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.reconcile_eviction)):
@@ -279,23 +275,13 @@ async def _resync(runtime: Runtime) -> None:
                 log.warning("releasing orphaned quarantine claims failed: %s", exc)
 
 
-def _values(index: Any) -> list[Any]:
-    return [value for key in list(index) for value in index[key]]
-
-
-def _first(index: Any, key: Any) -> Any:
-    if key not in index:
-        return None
-    return next(iter(index[key]), None)
-
-
 def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
     samples = []
     for claim in cache.claims():
         reserved = len((claim.get("status") or {}).get("reservedFor") or [])
         state = "reserved" if reserved else "allocated" if is_allocated(claim) else "pending"
         source = "quarantine" if is_quarantine_claim(claim) else claim_source(claim)
-        samples.append(metrics.ClaimSample(state, source, reserved >= NEAR_LIMIT_RATIO * RESERVED_FOR_MAX))
+        samples.append(metrics.ClaimSample(state, source, is_near_limit(reserved)))
     return samples
 
 

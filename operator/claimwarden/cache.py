@@ -25,6 +25,10 @@ def _one(index: IndexLike, key: Hashable) -> Any:
     return None
 
 
+def _values(index: IndexLike) -> list[Any]:
+    return [value for key in list(index) for value in index[key]]
+
+
 def _all(index: IndexLike, key: Hashable) -> list[Any]:
     return list(index[key]) if key in index else []
 
@@ -39,6 +43,10 @@ class Cache:
         self._claims = indices["claims_by_name"]
         self._claims_by_owner = indices["claims_by_owner"]
         self._templates = indices["templates_by_name"]
+        # Only indexed when the health controller runs. (Not `or {}`: an index that is still empty
+        # is falsy, and the live index must be kept.)
+        self._slices: IndexLike = indices.get("slices_by_name", {})
+        self._records: IndexLike = indices.get("records_by_name", {})
 
     def pod(self, namespace: str, name: str) -> Body | None:
         pod: Body | None = _one(self._pods, (namespace, name))
@@ -68,8 +76,45 @@ class Cache:
     def pod_keys(self) -> list[Key]:
         return [key for key in self._pods if isinstance(key, tuple)]
 
+    def pods(self) -> PodsView:
+        """The pods as a read-only mapping (namespace, name) -> pod, looked up on demand."""
+        return PodsView(self)
+
+    def resource_slice(self, name: str) -> Body | None:
+        found: Body | None = _one(self._slices, name)
+        return found
+
+    def resource_slices(self) -> list[Body]:
+        return _values(self._slices)
+
+    def record(self, name: str) -> Body | None:
+        found: Body | None = _one(self._records, name)
+        return found
+
+    def records(self) -> list[Body]:
+        return _values(self._records)
+
     def claims(self) -> Iterator[Body]:
         for key in self.claim_keys():
             claim = self.claim(*key)
             if claim is not None:
                 yield claim
+
+
+class PodsView(Mapping[Key, Body]):
+    """(namespace, name) -> pod without copying the index: plans look up only the pods they need."""
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache = cache
+
+    def __getitem__(self, key: Key) -> Body:
+        pod = self._cache.pod(*key)
+        if pod is None:
+            raise KeyError(key)
+        return pod
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._cache.pod_keys())
+
+    def __len__(self) -> int:
+        return len(self._cache.pod_keys())

@@ -127,12 +127,18 @@ def _resolve_one(entry: dict[str, Any], recorded: dict[str, dict[str, Any]]) -> 
 
 # --- claims -------------------------------------------------------------------------------------
 
-def controlling_pod_uid(claim: dict[str, Any]) -> str | None:
-    """UID of the pod that controls the claim (controller ownerReference, v1 Pod), else None."""
+def controlling_pod_ref(claim: dict[str, Any]) -> dict[str, Any] | None:
+    """The claim's controller ownerReference when it is a v1 Pod, else None."""
     for ref in metadata(claim).get("ownerReferences") or []:
         if ref.get("controller") is True and ref.get("apiVersion") == "v1" and ref.get("kind") == "Pod":
-            return str(ref.get("uid") or "") or None
+            return dict(ref)
     return None
+
+
+def controlling_pod_uid(claim: dict[str, Any]) -> str | None:
+    """UID of the pod that controls the claim (controller ownerReference, v1 Pod), else None."""
+    ref = controlling_pod_ref(claim)
+    return str(ref.get("uid") or "") or None if ref else None
 
 
 def is_controlled_by_pod(claim: dict[str, Any], uid: str) -> bool:
@@ -148,6 +154,11 @@ def pod_claim_name_of(claim: dict[str, Any]) -> str:
 def reserved_for(claim: dict[str, Any]) -> list[dict[str, Any]]:
     """The claim's status.reservedFor entries."""
     return list(status(claim).get("reservedFor") or [])
+
+
+def is_pod_reservation(entry: dict[str, Any]) -> bool:
+    """True for a reservedFor entry that names a core pod."""
+    return (entry.get("apiGroup") or "") == "" and entry.get("resource") == "pods"
 
 
 def is_reserved_for(claim: dict[str, Any], pod_uid: str) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from . import metrics
+from .kube.errors import ApiError
 
 log = logging.getLogger("claimwarden.workqueue")
 
@@ -140,6 +141,4 @@ async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
 
 
 def _expected(exc: Exception) -> bool:
-    from .kube.errors import ApiError
-
     return isinstance(exc, ApiError)

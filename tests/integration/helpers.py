@@ -92,3 +92,15 @@ def delete_pods(api: client.ApiClient, namespace: str, names: list[str], workers
     core = client.CoreV1Api(api)
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda name: core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), names))
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)

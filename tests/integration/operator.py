@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from claimwarden.lab.processes import free_port
 
-from .helpers import wait_for
+from .helpers import stop_process, wait_for
 
 
 def fetch(url: str) -> str | None:
@@ -58,14 +57,7 @@ class Operator:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        code = self.proc.returncode
+        code = stop_process(self.proc, 30)
         self.proc = None
         return code
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import urllib.parse
 from pathlib import Path
@@ -22,7 +21,7 @@ from kubernetes import client
 from claimwarden.lab.processes import free_port
 
 from .health_helpers import device_of, mark, unmark, wait_gone
-from .helpers import pod_with_claims, template, wait_for
+from .helpers import pod_with_claims, stop_process, template, wait_for
 from .operator import Operator, fetch
 
 MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
@@ -131,13 +130,7 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 20)
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

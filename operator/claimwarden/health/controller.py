@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,6 +21,7 @@ from ..podclaims import is_allocated, is_being_deleted, is_reserved_for
 from ..workqueue import Requeue, WorkQueue
 from . import plan, records
 from .records import DeviceRef
+from .tolerations import allocation_results
 
 log = logging.getLogger("claimwarden.health")
 
@@ -61,16 +62,10 @@ class RecordMemory:
 
 
 class HealthController:
-    def __init__(self, cache: Cache, kube: Kube, namespace: str,
-                 slices: Callable[[], list[Body]], slice_by_name: Callable[[str], Body | None],
-                 record_by_name: Callable[[str], Body | None], all_records: Callable[[], list[Body]]) -> None:
+    def __init__(self, cache: Cache, kube: Kube, namespace: str) -> None:
         self.cache = cache
         self.kube = kube
         self.namespace = namespace
-        self._slices = slices
-        self._slice = slice_by_name
-        self._record = record_by_name
-        self._records = all_records
         self.slice_queue = WorkQueue("health-slices")
         self.record_queue = WorkQueue("health-records")
         self.eviction_queue = WorkQueue("health-evictions")
@@ -95,7 +90,7 @@ class HealthController:
         for ref in _allocated_refs(body):
             names.update(r["metadata"]["name"] for r in self._records_for(ref))
         for record in names:
-            if self._record(record) is not None:
+            if self.cache.record(record) is not None:
                 self.record_queue.add(record)
 
     def quarantined(self, claim: Body) -> bool:
@@ -105,16 +100,16 @@ class HealthController:
 
     def _records_for(self, ref: DeviceRef) -> list[Body]:
         """Records about the device, whatever their names (admins may name their own)."""
-        return [r for r in self._records() if records.record_ref(r) == ref]
+        return [r for r in self.cache.records() if records.record_ref(r) == ref]
 
     def device_samples(self) -> list[metrics.DeviceSample]:
         """Every published device with its state, for the device gauges."""
-        tainted = {ref for r in self._records() if records.record_effect(r) in ("NoExecute", "NoSchedule")
+        tainted = {ref for r in self.cache.records() if records.record_effect(r) in ("NoExecute", "NoSchedule")
                    and (ref := records.record_ref(r)) is not None}
         allocated = {ref for claim in self.cache.claims() if not plan.is_quarantine_claim(claim)
                      for ref in _allocated_refs(claim)}
         samples = []
-        for slice_ in self._slices():
+        for slice_ in self.cache.resource_slices():
             spec = slice_.get("spec") or {}
             driver, pool = spec.get("driver") or "", (spec.get("pool") or {}).get("name") or ""
             for device in spec.get("devices") or []:
@@ -124,23 +119,23 @@ class HealthController:
         return samples
 
     def pending_evictions(self) -> int:
-        return sum(int((r.get("status") or {}).get("podsPending") or 0) for r in self._records()
+        return sum(int((r.get("status") or {}).get("podsPending") or 0) for r in self.cache.records()
                    if records.record_effect(r) == "NoExecute")
 
     def record_effects(self) -> list[str]:
-        return [records.record_effect(r) for r in self._records()]
+        return [records.record_effect(r) for r in self.cache.records()]
 
     def record_names(self) -> list[str]:
-        return [r["metadata"]["name"] for r in self._records()]
+        return [r["metadata"]["name"] for r in self.cache.records()]
 
     # --- slices: annotations -> records -----------------------------------------------------
 
     async def reconcile_slice(self, key: Hashable) -> None:
         name = cast(str, key)
-        slice_ = self._slice(name)
+        slice_ = self.cache.resource_slice(name)
         if slice_ is None:
             return
-        existing = {r["metadata"]["name"]: r for r in self._records()}
+        existing = {r["metadata"]["name"]: r for r in self.cache.records()}
         sync = records.plan_slice(slice_, existing)
         for error in sync.errors:
             marker = (slice_["metadata"].get("uid", ""), error.key, error.message)
@@ -166,7 +161,7 @@ class HealthController:
 
     async def reconcile_record(self, key: Hashable) -> None:
         name = cast(str, key)
-        record = self._record(name)
+        record = self.cache.record(name)
         if record is None:
             self._forget_record(name)
             claims = self._quarantine_claims(name)
@@ -192,8 +187,7 @@ class HealthController:
         if memory.evicted is None:
             memory.evicted = int(status.get("podsEvicted") or 0)
 
-        pods = {key: pod for key in self.cache.pod_keys() if (pod := self.cache.pod(*key)) is not None}
-        record_plan = plan.plan_record(record, self.cache.claims(), pods, marked_at)
+        record_plan = plan.plan_record(record, self.cache.claims(), self.cache.pods(), marked_at)
         holders = set(record_plan.holders)
         for holder in holders:
             claim_ns, claim_name = holder.split("/", 1)
@@ -231,7 +225,7 @@ class HealthController:
             if not is_allocated(claim):
                 await self._allocate_quarantine(claim, ref)
         if not existing or reassert:
-            node = plan.slice_node(self._slices(), ref)
+            node = plan.slice_node(self.cache.resource_slices(), ref)
             body = plan.quarantine_claim_body(record, self.namespace, node)
             try:
                 created = await self.kube.create_claim(self.namespace, body)
@@ -288,7 +282,7 @@ class HealthController:
                                         if c["metadata"]["labels"][records.RECORD_LABEL] not in live])
 
     async def _allocate_quarantine(self, claim: Body, ref: DeviceRef, node: str | None = None) -> None:
-        node = node or plan.slice_node(self._slices(), ref)
+        node = node or plan.slice_node(self.cache.resource_slices(), ref)
         await self.kube.patch_claim_status(self.namespace, claim["metadata"]["name"], [
             {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
             {"op": "add", "path": "/status", "value": {"allocation": plan.quarantine_allocation(ref, node)}}])
@@ -361,7 +355,7 @@ class HealthController:
 
     async def reconcile_eviction(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(tuple[str, str, str, str, str], key)
-        record = self._record(record_name)
+        record = self.cache.record(record_name)
         if record is None or records.record_effect(record) != "NoExecute":
             self._pdb_attempts.pop(key, None)
             return
@@ -375,7 +369,7 @@ class HealthController:
             return
         claim = await self.kube.get_claim(namespace, claim_name)
         ref = records.record_ref(record)
-        if claim is None or ref is None or ref not in _allocated_refs(claim) or not is_reserved_for(claim, uid):
+        if claim is None or ref is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
             self._pdb_attempts.pop(key, None)
             return
         reason = record["spec"].get("reason", "")
@@ -418,8 +412,7 @@ class HealthController:
 
 
 def _allocated_refs(claim: Body) -> list[DeviceRef]:
-    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
-    return [DeviceRef(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results]
+    return [DeviceRef(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in allocation_results(claim)]
 
 
 def _device(ref: DeviceRef) -> str:

@@ -28,6 +28,7 @@ from claimwarden.podclaims import (
     is_allocated,
     is_being_deleted,
     is_controlled_by_pod,
+    is_pod_reservation,
     metadata,
     pod_uid,
     reserved_for,
@@ -107,11 +108,6 @@ def claim_key(claim: dict[str, Any]) -> str:
 def device_holders(claims: Iterable[dict[str, Any]], ref: DeviceRef) -> list[dict[str, Any]]:
     """The non-quarantine claims allocated the device."""
     return [claim for claim in claims if not is_quarantine_claim(claim) and holds_device(claim, ref)]
-
-
-def is_pod_reservation(entry: Mapping[str, Any]) -> bool:
-    """True for a reservedFor entry that names a core pod."""
-    return (entry.get("apiGroup") or "") == "" and entry.get("resource") == "pods"
 
 
 def pod_uses_claim(pod: dict[str, Any], claim: dict[str, Any]) -> bool:

@@ -15,7 +15,13 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import DELETE_PROTECTION_FINALIZER, RESERVED_FOR_MAX
+from ..podclaims import (
+    DELETE_PROTECTION_FINALIZER,
+    RESERVED_FOR_MAX,
+    controlling_pod_ref,
+    is_pod_reservation,
+    reserved_for,
+)
 from ..workqueue import WorkQueue
 from . import plan
 
@@ -56,13 +62,11 @@ class ReservationsController:
     async def _plan(self, claim: Body) -> plan.ClaimPlan:
         namespace = claim["metadata"]["namespace"]
         pods: dict[str, dict[str, Any] | None] = {}
-        for entry in (claim.get("status") or {}).get("reservedFor") or []:
-            if entry.get("apiGroup", "") == "" and entry.get("resource") == "pods":
+        for entry in reserved_for(claim):
+            if is_pod_reservation(entry):
                 pods[entry["name"]] = await self._pod_view(namespace, entry["name"])
-        owner = None
-        for ref in claim["metadata"].get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("apiVersion") == "v1" and ref.get("kind") == "Pod":
-                owner = plan.pod_view(self.cache.pod(namespace, ref["name"]))
+        owner_ref = controlling_pod_ref(claim)
+        owner = plan.pod_view(self.cache.pod(namespace, owner_ref["name"])) if owner_ref else None
         return plan.plan_claim(claim, pods, owner)
 
     async def _pod_view(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -78,7 +82,7 @@ class ReservationsController:
         status = claim.get("status") or {}
         # A generated claim on a quarantined device is released by deleting it with its allocation:
         # a deallocation would wake pending pods while the scheduler briefly sees the device free.
-        keep_allocation = claim_plan.deallocate and _generated(claim) and self._quarantined(claim)
+        keep_allocation = claim_plan.deallocate and controlling_pod_ref(claim) is not None and self._quarantined(claim)
         if keep_allocation:
             claim_plan = replace(claim_plan, deallocate=False)
         if claim_plan.drop or (claim_plan.deallocate and status.get("allocation")):
@@ -128,11 +132,6 @@ class ReservationsController:
 
     def forget(self, uid: str) -> None:
         self._warned_near_limit.discard(uid)
-
-
-def _generated(claim: Body) -> bool:
-    return any(ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1"
-               for ref in claim["metadata"].get("ownerReferences") or [])
 
 
 def _destructive(claim_plan: plan.ClaimPlan) -> bool:

@@ -21,6 +21,7 @@ from claimwarden.podclaims import (
     has_finalizer,
     is_allocated,
     is_being_deleted,
+    is_pod_reservation,
     metadata,
     reserved_for,
     spec,
@@ -70,11 +71,6 @@ def is_view_done(view: Mapping[str, Any]) -> bool:
     return bool(view.get("deleting")) and not view.get("nodeName")
 
 
-def is_pod_reservation(entry: Mapping[str, Any]) -> bool:
-    """True for a reservedFor entry that names a core pod."""
-    return (entry.get("apiGroup") or "") == "" and entry.get("resource") == "pods"
-
-
 def plan_claim(
     claim: dict[str, Any],
     pods: Mapping[str, dict[str, Any] | None],
@@ -90,7 +86,7 @@ def plan_claim(
     entries = reserved_for(claim)
     unknown = _unknown_pods(entries, pods)
     if unknown:
-        return ClaimPlan(keep=tuple(entries), unknown_pods=unknown, near_limit=_near_limit(entries, limit_ratio))
+        return ClaimPlan(keep=tuple(entries), unknown_pods=unknown, near_limit=is_near_limit(len(entries), limit_ratio))
     drop = [entry for entry in entries if _should_drop(entry, pods)]
     keep = [entry for entry in entries if not _should_drop(entry, pods)]
     deallocate, remove_finalizer = _release(claim, dropped=bool(drop), remaining=bool(keep))
@@ -100,7 +96,7 @@ def plan_claim(
         deallocate=deallocate,
         remove_finalizer=remove_finalizer,
         delete_claim=not keep and _owner_is_finished(claim, owner),
-        near_limit=_near_limit(keep, limit_ratio),
+        near_limit=is_near_limit(len(keep), limit_ratio),
     )
 
 
@@ -151,5 +147,6 @@ def _owner_is_finished(claim: dict[str, Any], owner: Mapping[str, Any] | None) -
     return owner.get("uid") != owner_uid or is_view_done(owner)
 
 
-def _near_limit(entries: list[dict[str, Any]], limit_ratio: float) -> bool:
-    return len(entries) >= limit_ratio * RESERVED_FOR_MAX
+def is_near_limit(reservations: int, limit_ratio: float = NEAR_LIMIT_RATIO) -> bool:
+    """True when this many reservedFor entries reach the warning share of the 256-entry limit."""
+    return reservations >= limit_ratio * RESERVED_FOR_MAX
