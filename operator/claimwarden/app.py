@@ -28,7 +28,7 @@ from .kube.login import client_configuration, connection_info
 from .podclaims import claim_source, controlling_pod_ref, controlling_pod_uid, is_allocated, resolve_claim_names
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
-from .workqueue import run_workers
+from .workqueue import Reconcile, WorkQueue, run_workers
 
 log = logging.getLogger("claimwarden")
 
@@ -44,6 +44,7 @@ INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_n
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
 RESYNC_SECONDS = 300.0
 FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
+DRAIN_SECONDS = 10.0  # on SIGTERM, time for workers to finish their current key (well within the pod's 30 s)
 
 
 @dataclass
@@ -68,7 +69,13 @@ class Runtime:
     claims: ClaimsController | None = None
     reservations: ReservationsController | None = None
     health: HealthController | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    queues: list[WorkQueue] = field(default_factory=list)
+    workers: list[asyncio.Task[None]] = field(default_factory=list)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start_workers(self, queue: WorkQueue, reconcile: Reconcile) -> None:
+        self.queues.append(queue)
+        self.workers.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
 
 
 CONFIG = RunConfig()
@@ -228,21 +235,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     runtime = Runtime(cache=cache, kube=kube)
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)
-        runtime.tasks.append(asyncio.create_task(
-            run_workers(runtime.claims.queue, runtime.claims.reconcile, CONFIG.workers), name="claims"))
+        runtime.start_workers(runtime.claims.queue, runtime.claims.reconcile)
     if "health" in CONFIG.controllers:
         runtime.health = HealthController(cache, kube, CONFIG.namespace)
         for queue, reconcile in ((runtime.health.slice_queue, runtime.health.reconcile_slice),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.reconcile_eviction)):
-            runtime.tasks.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
+            runtime.start_workers(queue, reconcile)
     if "reservations" in CONFIG.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
                                                       else None)
-        runtime.tasks.append(asyncio.create_task(
-            run_workers(runtime.reservations.queue, runtime.reservations.reconcile, CONFIG.workers),
-            name="reservations"))
-    runtime.tasks.append(asyncio.create_task(_resync(runtime), name="resync"))
+        runtime.start_workers(runtime.reservations.queue, runtime.reservations.reconcile)
+    runtime.background.append(asyncio.create_task(_resync(runtime), name="resync"))
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
@@ -289,17 +293,29 @@ def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
-        for task in runtime.tasks:
-            task.cancel()
-        for task in runtime.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _drain(runtime)
         await runtime.kube.close()
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()
         server.server_close()
     log.info("claimwarden stopped")
+
+
+async def _drain(runtime: Runtime) -> None:
+    """Let every worker finish the key in hand (an eviction and its bookkeeping are one step),
+    then cancel what is still running after the grace period."""
+    for task in runtime.background:
+        task.cancel()
+    for queue in runtime.queues:
+        queue.close(CONFIG.workers)
+    if runtime.workers:
+        _, late = await asyncio.wait(runtime.workers, timeout=DRAIN_SECONDS)
+        for task in late:
+            task.cancel()
+    for task in (*runtime.background, *runtime.workers):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 @kopf.on.probe(id="version")

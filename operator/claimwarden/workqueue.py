@@ -37,6 +37,7 @@ class WorkQueue:
         self._processing: set[Hashable] = set()
         self._failures: dict[Hashable, int] = {}
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._closed = False
         self._depth = metrics.WORKQUEUE_DEPTH.labels(name)
         self._adds = metrics.WORKQUEUE_ADDS.labels(name)
 
@@ -50,6 +51,8 @@ class WorkQueue:
             self._depth.set(self._queue.qsize())
 
     def add_after(self, key: Hashable, delay: float) -> None:
+        if self._closed:
+            return
         if delay <= 0:
             self.add(key)
             return
@@ -81,8 +84,17 @@ class WorkQueue:
     def failures(self, key: Hashable) -> int:
         return self._failures.get(key, 0)
 
-    async def get(self) -> Hashable:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def get(self) -> Hashable | None:
+        """The next key, or None once the queue is closed (the worker should then return)."""
+        if self._closed:
+            return None
         key = await self._queue.get()
+        if self._closed or key is _WAKE:
+            return None
         self._processing.add(key)
         self._dirty.discard(key)
         self._depth.set(self._queue.qsize())
@@ -102,12 +114,22 @@ class WorkQueue:
             timer.cancel()
         self._timers.clear()
 
+    def close(self, workers: int) -> None:
+        """Hand out no more keys: idle workers return at once, busy ones after their current key."""
+        self.shutdown()
+        self._closed = True
+        for _ in range(workers):
+            self._queue.put_nowait(_WAKE)
+
+
+_WAKE: Hashable = object()
+
 
 Reconcile = Callable[[Hashable], Awaitable[None]]
 
 
 async def run_workers(queue: WorkQueue, reconcile: Reconcile, workers: int) -> None:
-    """Run ``workers`` tasks that take keys from ``queue`` until cancelled."""
+    """Run ``workers`` tasks that take keys from ``queue`` until it is closed or they are cancelled."""
     async with asyncio.TaskGroup() as group:
         for i in range(workers):
             group.create_task(_worker(queue, reconcile), name=f"{queue.name}-worker-{i}")
@@ -115,8 +137,7 @@ async def run_workers(queue: WorkQueue, reconcile: Reconcile, workers: int) -> N
 
 async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
     duration = metrics.RECONCILE_DURATION.labels(queue.name)
-    while True:
-        key = await queue.get()
+    while (key := await queue.get()) is not None:
         started = time.monotonic()
         try:
             await reconcile(key)

@@ -59,13 +59,13 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
 
     mark(api, pool, device, "ECC errors")
     wait_gone(api, namespace, "victim")
-    [event] = events(api, namespace, "victim", "EvictedUnhealthyDevice")
+    [event] = wait_for("the eviction's Event", lambda: events(api, namespace, "victim", "EvictedUnhealthyDevice"))
     assert event.type == "Warning"
     assert f"gpu.example.com/{pool}/{device}" in event.message and "ECC errors" in event.message
     record = wait_for("the record counts the eviction", lambda: (
         r if (r := record_for(api, pool, device)) and (r.get("status") or {}).get("podsEvicted") == 1 else None))
     assert record["spec"]["effect"] == "NoExecute" and record["spec"]["source"] == "annotation"
-    assert events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice")
+    wait_for("the record's Event", lambda: events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice"))
     assert client.CoreV1Api(api).read_namespaced_pod("bystander", namespace).status.phase == "Running"
     exposition = claimwarden.metrics()
     assert _counter(exposition, 'claimwarden_evictions_total{result="evicted"}') >= 1
@@ -112,6 +112,8 @@ def test_pdb_blocks_eviction_until_it_allows_it(api: client.ApiClient, namespace
 
     policy.patch_namespaced_pod_disruption_budget("keep-one", namespace, {"spec": {"minAvailable": 0}})
     wait_gone(api, namespace, "guarded", 90)
+    wait_for("the eviction's Event", lambda: events(api, namespace, "guarded", "EvictedUnhealthyDevice"))
+    time.sleep(2)
     assert len(events(api, namespace, "guarded", "EvictedUnhealthyDevice")) == 1
     unmark(api, pool, device)
 
@@ -243,7 +245,7 @@ def test_restart_between_marking_and_evicting_evicts_each_pod_exactly_once(
             return all(p.metadata.deletion_timestamp for p in core.list_namespaced_pod(namespace).items)
 
         wait_for("both pods evicted after the restart", both_evicted, 60)
-        operator_process.stop()
+        assert operator_process.stop() == 0, "a clean exit on SIGTERM, the evictions in hand finished"
         operator_process.start()
         time.sleep(5)
         for name in ("first", "second"):

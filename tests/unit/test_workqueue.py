@@ -82,3 +82,26 @@ def test_workers_reconcile_and_retry_failures(outcome: str) -> None:
 
     asyncio.run(scenario())
     assert seen == (["a"] if outcome == "success" else ["a", "a"])
+
+
+def test_closing_lets_a_busy_worker_finish_its_key_and_stops_idle_ones() -> None:
+    finished: list[Hashable] = []
+
+    async def scenario() -> None:
+        queue = WorkQueue("test-close")
+        started = asyncio.Event()
+
+        async def reconcile(key: Hashable) -> None:
+            started.set()
+            await asyncio.sleep(0.2)  # e.g. an eviction followed by its bookkeeping
+            finished.append(key)
+
+        workers = asyncio.create_task(run_workers(queue, reconcile, 3))
+        queue.add("busy")
+        await started.wait()
+        queue.add("waiting")  # queued behind the close: never started
+        queue.close(3)
+        await asyncio.wait_for(workers, 2)
+
+    asyncio.run(scenario())
+    assert finished == ["busy"]

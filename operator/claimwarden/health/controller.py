@@ -396,13 +396,27 @@ class HealthController:
         marked_at = parse_time(status.get("markedAt")) or parse_time(record["metadata"].get("creationTimestamp"))
         if marked_at is not None:
             metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
+        await self._count_eviction(record)
         message = f"evicted: device {_device(ref)} is unhealthy: {reason}"
         await self._event(pod, "Warning", EVICTED, message)
         await self._event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}")
-        memory = self._memory.setdefault(record_name, RecordMemory())
-        memory.evicted = (memory.evicted if memory.evicted is not None else int(status.get("podsEvicted") or 0)) + 1
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, _device(ref), reason)
         self.record_queue.add(record_name)
+
+    async def _count_eviction(self, record: Body) -> None:
+        """Store the new count at once: it lives only in memory until the record's status has it."""
+        name = record["metadata"]["name"]
+        memory = self._memory.setdefault(name, RecordMemory())
+        if memory.evicted is None:
+            memory.evicted = int((record.get("status") or {}).get("podsEvicted") or 0)
+        memory.evicted += 1
+        try:
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+                                                       {"status": {"podsEvicted": memory.evicted}},
+                                                       subresource="status")
+        except ApiError as exc:
+            if not exc.not_found:
+                log.warning("could not store the eviction count of record %s: %s", name, exc)
 
     async def _event(self, involved: Body, event_type: str, reason: str, message: str) -> None:
         try:
