@@ -17,6 +17,8 @@ from claimwarden.claims.plan import (
 )
 from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
 
+from .claim_fixtures import pod_owner_reference
+
 NS = "ns"
 POD_UID = "pod-uid-1"
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "n1",
@@ -77,8 +79,7 @@ def make_claim(
     if created:
         meta["creationTimestamp"] = created
     if owner_uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "pod1", "uid": owner_uid,
-                                    "controller": True}]
+        meta["ownerReferences"] = [pod_owner_reference(owner_uid, "pod1")]
     if pod_claim:
         meta["annotations"] = {POD_CLAIM_NAME_ANNOTATION: pod_claim}
     if deleting:

@@ -20,6 +20,8 @@ from claimwarden.health.plan import (
 from claimwarden.health.records import RECORD_LABEL, TAINT_KEY, DeviceRef, label_value
 from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
 
+from .claim_fixtures import pod_owner_reference
+
 MARKED = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 DRIVER = "gpu.example.com"
 POOL = "node-1"
@@ -43,8 +45,7 @@ def make_claim(name: str = "claim", namespace: str = "ns", *, device: str = "gpu
                allocated: bool = True) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"{name}-uid", "labels": labels or {}}
     if owner_uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": owner_uid,
-                                    "controller": True}]
+        meta["ownerReferences"] = [pod_owner_reference(owner_uid)]
         meta["annotations"] = {POD_CLAIM_NAME_ANNOTATION: "gpu"}
     status: dict[str, Any] = {}
     if allocated:

@@ -9,6 +9,8 @@ import pytest
 from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
 from claimwarden.reservations.plan import ClaimPlan, plan_claim, pod_view
 
+from .claim_fixtures import pod_owner_reference
+
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "n1",
                                        "device": "gpu-0"}]}}
 PODGROUP = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "group", "uid": "group-uid"}
@@ -37,8 +39,7 @@ def make_claim(
     if deleting:
         meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
     if owner_uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": owner_uid,
-                                    "controller": True}]
+        meta["ownerReferences"] = [pod_owner_reference(owner_uid)]
         meta["annotations"] = {POD_CLAIM_NAME_ANNOTATION: "gpu"}
     status: dict[str, Any] = {}
     if allocated:

@@ -56,8 +56,8 @@ def format_time(moment: datetime.datetime) -> str:
 class RecordMemory:
     """What the controller remembers per record between reconciles (rebuilt after a restart)."""
 
+    evicted: int
     holders: set[str] = field(default_factory=set)
-    evicted: int | None = None
     quarantine_asserted: bool = False
 
 
@@ -180,12 +180,10 @@ class HealthController:
         ref = records.record_ref(record)
         if ref is None:
             return
-        memory = self._memory.setdefault(name, RecordMemory())
+        memory = self._memory_of(record)
         status = record.get("status") or {}
         marked_at = parse_time(status.get("markedAt")) or parse_time(
             record["metadata"].get("creationTimestamp")) or moment
-        if memory.evicted is None:
-            memory.evicted = int(status.get("podsEvicted") or 0)
 
         record_plan = plan.plan_record(record, self.cache.claims(), self.cache.pods(), marked_at)
         holders = set(record_plan.holders)
@@ -346,6 +344,13 @@ class HealthController:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": desired},
                                                        subresource="status")
 
+    def _memory_of(self, record: Body) -> RecordMemory:
+        """The record's memory; after a restart the eviction count starts from its status."""
+        name = record["metadata"]["name"]
+        if name not in self._memory:
+            self._memory[name] = RecordMemory(evicted=int((record.get("status") or {}).get("podsEvicted") or 0))
+        return self._memory[name]
+
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
         for names in self._claim_records.values():
@@ -406,9 +411,7 @@ class HealthController:
     async def _count_eviction(self, record: Body) -> None:
         """Store the new count at once: it lives only in memory until the record's status has it."""
         name = record["metadata"]["name"]
-        memory = self._memory.setdefault(name, RecordMemory())
-        if memory.evicted is None:
-            memory.evicted = int((record.get("status") or {}).get("podsEvicted") or 0)
+        memory = self._memory_of(record)
         memory.evicted += 1
         try:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
