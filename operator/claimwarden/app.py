@@ -11,13 +11,15 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
+from kopf._core.engines.indexing import OperatorIndexers  # passed to kopf.run(indexers=...): see staleness.py
 from kubernetes import client as sync_client
 
-from . import __version__, metrics, projections
+from . import __version__, metrics, projections, staleness
 from .cache import Cache
 from .claims.controller import ClaimsController
 from .health import records
@@ -25,7 +27,14 @@ from .health.controller import HealthController
 from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
-from .podclaims import claim_source, controlling_pod_ref, controlling_pod_uid, is_allocated, resolve_claim_names
+from .podclaims import (
+    allocated_devices,
+    claim_source,
+    controlling_pod_ref,
+    controlling_pod_uid,
+    is_allocated,
+    resolve_claim_names,
+)
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
 from .workqueue import Reconcile, WorkQueue, run_workers
@@ -40,9 +49,8 @@ TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
-               "templates_by_name")
+               "claims_by_device", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
-RESYNC_SECONDS = 300.0
 FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
 DRAIN_SECONDS = 10.0  # on SIGTERM, time for workers to finish their current key (well within the pod's 30 s)
 
@@ -58,6 +66,7 @@ class RunConfig:
     namespace: str = "claimwarden-system"
     workers: int = 8
     server_version: str = "unknown"
+    resync_seconds: float = 300.0
 
 
 @dataclass
@@ -125,9 +134,17 @@ async def claims_by_name(namespace: str | None, name: str, body: kopf.Body, **_:
 
 @kopf.index(*CLAIMS)
 async def claims_by_owner(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, controlling pod UID) -> claim name: which claims does this pod control?"""
     namespace = namespace or ""
     uid = controlling_pod_uid(dict(body))
-    return {uid: (namespace, name)} if uid else None
+    return {(namespace, uid): name} if uid else None
+
+
+@kopf.index(*CLAIMS)
+async def claims_by_device(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(driver, pool, device) -> (namespace, name): which claims hold this device?"""
+    devices = allocated_devices(dict(body))
+    return {device: (namespace or "", name) for device in devices} or None
 
 
 @kopf.index(*TEMPLATES)
@@ -147,18 +164,23 @@ async def records_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any
 # --- events -> queues -----------------------------------------------------------------------
 
 @kopf.on.event(*PODS)
-async def pod_event(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pod_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
+                    **_: Any) -> None:
     namespace = namespace or ""
     runtime: Runtime | None = memo.get("runtime")
     if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
         return
     if runtime.claims:
+        if type == "DELETED":
+            runtime.claims.forget_pod(body.get("metadata", {}).get("uid", ""))
         runtime.claims.enqueue_pod(namespace, name)
+    if runtime.health:
+        runtime.health.enqueue_for_pod(namespace, dict(body))
     if runtime.reservations:
         for resolved in resolve_claim_names(dict(body)):
             if resolved.claim_name:
                 runtime.reservations.enqueue_claim(namespace, resolved.claim_name)
-        for claim in runtime.cache.claims_owned_by(body.get("metadata", {}).get("uid", "")):
+        for claim in runtime.cache.claims_owned_by(namespace, body.get("metadata", {}).get("uid", "")):
             runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 
 
@@ -175,7 +197,7 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
         runtime.health.enqueue_for_claim(namespace, name, dict(body))
     if runtime.claims:
         if type == "DELETED":
-            runtime.claims.forget_deleted_claim(name)
+            runtime.claims.forget_deleted_claim(dict(body))
         for pod in runtime.cache.pods_using_claim(namespace, name):
             runtime.claims.enqueue_pod(namespace, pod)
         owner = controlling_pod_ref(dict(body))
@@ -238,19 +260,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.start_workers(runtime.claims.queue, runtime.claims.reconcile)
     if "health" in CONFIG.controllers:
         runtime.health = HealthController(cache, kube, CONFIG.namespace)
-        for queue, reconcile in ((runtime.health.slice_queue, runtime.health.reconcile_slice),
+        for queue, reconcile in ((runtime.health.slice_queue, runtime.health.marks.reconcile),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
-                                 (runtime.health.eviction_queue, runtime.health.reconcile_eviction)):
+                                 (runtime.health.eviction_queue, runtime.health.evictions.reconcile)):
             runtime.start_workers(queue, reconcile)
     if "reservations" in CONFIG.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
                                                       else None)
         runtime.start_workers(runtime.reservations.queue, runtime.reservations.reconcile)
-    runtime.background.append(asyncio.create_task(_resync(runtime), name="resync"))
+    runtime.background.append(asyncio.create_task(_resync(runtime, memo.indexers), name="resync"))
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
-        metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache)))
+        metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache, CONFIG.namespace)))
         if runtime.health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
                 runtime.health.device_samples, runtime.health.record_effects, runtime.health.pending_evictions))
@@ -258,12 +280,21 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
-async def _resync(runtime: Runtime) -> None:
-    """Every few minutes look at everything again, so nothing depends on a single event."""
-    delay = FIRST_RESYNC_SECONDS
+async def _resync(runtime: Runtime, indexers: OperatorIndexers) -> None:
+    """Every few minutes look at everything again, so nothing depends on a single event.
+
+    First forget what was deleted while a watch was down (staleness.py), then queue every key.
+    """
+    delay = min(FIRST_RESYNC_SECONDS, CONFIG.resync_seconds)
     while True:
         await asyncio.sleep(delay)
-        delay = RESYNC_SECONDS
+        delay = CONFIG.resync_seconds
+        try:
+            for gone in await staleness.prune_stale(runtime.kube, runtime.cache, _discarder(indexers)):
+                if runtime.claims and gone.get("kind") == "Pod":
+                    runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
+        except Exception as exc:
+            log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
         if runtime.reservations:
             for key in runtime.cache.claim_keys():
                 runtime.reservations.enqueue_claim(*key)
@@ -279,12 +310,19 @@ async def _resync(runtime: Runtime) -> None:
                 log.warning("releasing orphaned quarantine claims failed: %s", exc)
 
 
-def _claim_samples(cache: Cache) -> list[metrics.ClaimSample]:
+def _discarder(indexers: OperatorIndexers) -> Callable[[dict[str, Any]], None]:
+    """Forget one object in every Kopf index (only its metadata's namespace, name and uid are read)."""
+    def discard(body: dict[str, Any]) -> None:
+        indexers.discard(cast(kopf.Body, body))
+    return discard
+
+
+def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
     samples = []
     for claim in cache.claims():
         reserved = len((claim.get("status") or {}).get("reservedFor") or [])
         state = "reserved" if reserved else "allocated" if is_allocated(claim) else "pending"
-        source = "quarantine" if is_quarantine_claim(claim) else claim_source(claim)
+        source = "quarantine" if is_quarantine_claim(claim, namespace) else claim_source(claim)
         samples.append(metrics.ClaimSample(state, source, is_near_limit(reserved)))
     return samples
 

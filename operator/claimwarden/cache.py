@@ -1,9 +1,18 @@
-"""Read access to the operator's in-memory indices (Kopf indices of projections)."""
+"""Read access to the operator's in-memory indices (Kopf indices of projections).
+
+Kopf keys every indexed object by (namespace, name, uid) and removes it only on a DELETED event.
+An object deleted while a watch was down (a restart, a 410 Gone re-list) therefore stays indexed
+until `staleness.prune_stale` confirms it is gone and discards it. Until then a stale object can
+share its name with the live one that replaced it: look-ups by name return the most recently
+created object of that name, which is the only one that can still exist.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
+
+from .podclaims import DeviceKey, allocated_devices, controlling_pod_uid
 
 Body = dict[str, Any]
 Key = tuple[str, str]
@@ -17,12 +26,23 @@ class IndexLike(Protocol):
     def __iter__(self) -> Iterator[Hashable]: ...
 
 
+def _newest(values: Iterable[Body]) -> Body | None:
+    """The most recently created of several objects sharing one name (see the module docstring)."""
+    best: Body | None = None
+    best_rank: tuple[str, int] = ("", -1)
+    for value in values:
+        meta = value.get("metadata") or {}
+        version = str(meta.get("resourceVersion") or "")
+        rank = (str(meta.get("creationTimestamp") or ""), int(version) if version.isdigit() else 0)
+        if best is None or rank > best_rank:
+            best, best_rank = value, rank
+    return best
+
+
 def _one(index: IndexLike, key: Hashable) -> Any:
     if key not in index:
         return None
-    for value in index[key]:
-        return value
-    return None
+    return _newest(index[key])
 
 
 def _values(index: IndexLike) -> list[Any]:
@@ -42,6 +62,7 @@ class Cache:
         self._pods_by_template = indices["pods_by_template"]
         self._claims = indices["claims_by_name"]
         self._claims_by_owner = indices["claims_by_owner"]
+        self._claims_by_device = indices["claims_by_device"]
         self._templates = indices["templates_by_name"]
         # Only indexed when the health controller runs. (Not `or {}`: an index that is still empty
         # is falsy, and the live index must be kept.)
@@ -60,9 +81,24 @@ class Cache:
         template: Body | None = _one(self._templates, (namespace, name))
         return template
 
-    def claims_owned_by(self, pod_uid: str) -> list[Body]:
-        claims = [self.claim(ns, name) for ns, name in _all(self._claims_by_owner, pod_uid)]
-        return [c for c in claims if c is not None]
+    def claims_owned_by(self, namespace: str, pod_uid: str) -> list[Body]:
+        """Claims in `namespace` whose controller ownerReference names the pod UID.
+
+        Keyed by namespace too: an ownerReference is only meaningful within its own namespace, and a
+        claim elsewhere naming the UID is someone else's.
+        """
+        names = set(_all(self._claims_by_owner, (namespace, pod_uid)))
+        claims = [self.claim(namespace, name) for name in sorted(names)]
+        return [c for c in claims if c is not None and controlling_pod_uid(c) == pod_uid]
+
+    def claims_holding(self, device: DeviceKey) -> list[Body]:
+        """The claims whose allocation names the device (quarantine claims included)."""
+        found = []
+        for namespace, name in sorted(set(_all(self._claims_by_device, device))):
+            claim = self.claim(namespace, name)
+            if claim is not None and device in allocated_devices(claim):
+                found.append(claim)
+        return found
 
     def pods_using_claim(self, namespace: str, claim_name: str) -> list[str]:
         return sorted(set(_all(self._pods_by_claim, (namespace, claim_name))))
@@ -71,10 +107,10 @@ class Cache:
         return sorted(set(_all(self._pods_by_template, (namespace, template_name))))
 
     def claim_keys(self) -> list[Key]:
-        return [key for key in self._claims if isinstance(key, tuple)]
+        return [key for key in list(self._claims) if isinstance(key, tuple)]
 
     def pod_keys(self) -> list[Key]:
-        return [key for key in self._pods if isinstance(key, tuple)]
+        return [key for key in list(self._pods) if isinstance(key, tuple)]
 
     def pods(self) -> PodsView:
         """The pods as a read-only mapping (namespace, name) -> pod, looked up on demand."""
@@ -92,13 +128,19 @@ class Cache:
         return found
 
     def records(self) -> list[Body]:
-        return _values(self._records)
+        return [record for name in list(self._records) if (record := self.record(str(name))) is not None]
 
     def claims(self) -> Iterator[Body]:
         for key in self.claim_keys():
             claim = self.claim(*key)
             if claim is not None:
                 yield claim
+
+    def indexed(self) -> dict[str, list[Body]]:
+        """Every indexed object by kind (stale ones included), for `staleness.prune_stale`."""
+        return {"pods": _values(self._pods), "resourceclaims": _values(self._claims),
+                "resourceclaimtemplates": _values(self._templates), "resourceslices": _values(self._slices),
+                "unhealthydevices": _values(self._records)}
 
 
 class PodsView(Mapping[Key, Body]):

@@ -22,6 +22,16 @@ def _controllers(text: str) -> tuple[str, ...]:
     return names
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 1.0 <= value <= 86400.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 1 to 86400")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     from .lab.cluster import default_dir
 
@@ -39,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
     run.add_argument("--namespace", default="claimwarden-system",
                      help="namespace for claimwarden's own objects, e.g. quarantine claims (default: %(default)s)")
+    run.add_argument("--resync-period", type=_seconds, default=300.0,
+                     help="seconds between full resyncs, which also forget objects deleted while a watch was "
+                          "down (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -75,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.metrics_address = args.metrics_address
     app.CONFIG.metrics_port = args.metrics_port
     app.CONFIG.namespace = args.namespace
+    app.CONFIG.resync_seconds = args.resync_period
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:
@@ -92,7 +106,9 @@ def _run(args: argparse.Namespace) -> int:
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
         app.register_health_handlers()
-    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness)
+    indexers = app.OperatorIndexers()
+    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=indexers,
+             memo=kopf.Memo(indexers=indexers))
     return 0
 
 

@@ -19,6 +19,9 @@ GENERATE_NAME_MAX = 57
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device): one device, as allocation results name it."""
+
 
 # --- generic object accessors -------------------------------------------------------------------
 
@@ -169,6 +172,13 @@ def is_reserved_for(claim: dict[str, Any], pod_uid: str) -> bool:
 def is_allocated(claim: dict[str, Any]) -> bool:
     """True when the claim has a status.allocation."""
     return status(claim).get("allocation") is not None
+
+
+def allocated_devices(claim: dict[str, Any]) -> list[DeviceKey]:
+    """The (driver, pool, device) of each of the claim's allocation results."""
+    allocation = status(claim).get("allocation") or {}
+    return [(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+            for r in (allocation.get("devices") or {}).get("results") or []]
 
 
 def claim_source(claim: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from claimwarden.claims.plan import (
     RecordClaim,
     ReserveClaim,
     build_claim,
+    claim_status_entries,
     duplicate_claims,
     plan_pod,
 )
@@ -139,7 +140,7 @@ def test_build_claim_has_exactly_the_expected_shape() -> None:
             "generateName": "pod1-gpu-",
             "namespace": NS,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "pod1", "uid": POD_UID,
-                                 "controller": True}],
+                                 "controller": True, "blockOwnerDeletion": True}],
             "annotations": {"note": "copied", POD_CLAIM_NAME_ANNOTATION: "gpu"},
             "labels": {"team": "ml"},
         },
@@ -147,9 +148,9 @@ def test_build_claim_has_exactly_the_expected_shape() -> None:
     }
 
 
-def test_build_claim_owner_reference_does_not_block_owner_deletion() -> None:
+def test_build_claim_owner_reference_blocks_owner_deletion_like_upstream() -> None:
     (ref,) = build_claim(make_pod(), "gpu", make_template())["metadata"]["ownerReferences"]
-    assert "blockOwnerDeletion" not in ref
+    assert ref["blockOwnerDeletion"] is True
     assert ref["controller"] is True
 
 
@@ -494,3 +495,32 @@ def test_claims_without_annotation_or_other_owner_are_not_duplicates() -> None:
         make_claim("pod1-nic-abcde", owner_uid=POD_UID, pod_claim="nic"),
     ]
     assert duplicate_claims(pod, others) == []
+
+
+# --- the pod's status entries -------------------------------------------------------------------
+
+def test_status_entries_carry_every_template_claim_not_only_this_syncs() -> None:
+    # Server-side apply removes what the manager applied before and leaves out: a pod whose second
+    # template appears late must keep its first entry when the second is recorded.
+    pod = make_pod([template_entry("a", "ta"), template_entry("b", "tb")],
+                   [{"name": "a", "resourceClaimName": "pod1-a-xxxxx"}])
+    entries = claim_status_entries(pod, {"b": "pod1-b-yyyyy"}, {})
+    assert entries == [{"name": "a", "resourceClaimName": "pod1-a-xxxxx"},
+                       {"name": "b", "resourceClaimName": "pod1-b-yyyyy"}]
+
+
+def test_status_entries_keep_what_was_applied_before_the_cache_shows_it() -> None:
+    pod = make_pod([template_entry("a", "ta"), template_entry("b", "tb")], [])
+    entries = claim_status_entries(pod, {"b": "pod1-b-yyyyy"}, {"a": "pod1-a-xxxxx"})
+    assert [e["name"] for e in entries] == ["a", "b"]
+
+
+def test_status_entries_prefer_this_syncs_claim_over_older_ones() -> None:
+    pod = make_pod([template_entry("a", "ta")], [{"name": "a", "resourceClaimName": "old"}])
+    assert claim_status_entries(pod, {"a": "new"}, {"a": "older"}) == [{"name": "a", "resourceClaimName": "new"}]
+
+
+def test_status_entries_leave_out_claims_by_name_and_unknown_ones() -> None:
+    pod = make_pod([user_entry("shared", "big-claim"), template_entry("a", "ta"), template_entry("b", "tb")],
+                   [{"name": "b"}])
+    assert claim_status_entries(pod, {}, {}) == []

@@ -27,8 +27,13 @@ DRIVER = "gpu.example.com"
 POOL = "node-1"
 REF = DeviceRef(DRIVER, POOL, "gpu-0")
 RECORD_NAME = "node-1.gpu-0.0123abcd"
+OWN_NAMESPACE = "claimwarden"
 
 Pods = dict[tuple[str, str], dict[str, Any]]
+
+
+def plan_for(record: dict[str, Any], claims: list[dict[str, Any]], pods: Pods) -> RecordPlan:
+    return plan_record(record, claims, pods, MARKED, OWN_NAMESPACE)
 
 
 def make_record(effect: str | None = "NoExecute", device: str = "gpu-0") -> dict[str, Any]:
@@ -112,59 +117,56 @@ def test_taint_value_is_the_rules_value() -> None:
 # --- plan_record: who is evicted ----------------------------------------------------------------
 
 def test_evicts_reserved_scheduled_pod() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan == RecordPlan(evict=(eviction(),), would_evict=1, tolerated=0, holders=("ns/claim",),
                               quarantine_needed=True)
 
 
 def test_default_effect_evicts() -> None:
-    plan = plan_record(make_record(None), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(None), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan.evict == (eviction(),)
 
 
 def test_unreserved_holder_evicts_nobody() -> None:
-    plan = plan_record(make_record(), [make_claim()], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [make_claim()], pods_of(make_pod()))
     assert plan == RecordPlan(holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_unscheduled_pod_is_skipped() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(node=None)),
-                       MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(node=None)))
     assert plan.evict == () and plan.would_evict == 0
 
 
 def test_deleting_pod_is_skipped() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])],
-                       pods_of(make_pod(deleting=True)), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(deleting=True)))
     assert plan.evict == () and plan.would_evict == 0 and plan.tolerated == 0
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_finished_pod_is_skipped(phase: str) -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(phase=phase)),
-                       MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod(phase=phase)))
     assert plan.evict == ()
 
 
 def test_pod_with_other_uid_is_skipped() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "old-uid")])], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "old-uid")])], pods_of(make_pod()))
     assert plan.evict == () and plan.would_evict == 0
 
 
 def test_missing_pod_is_skipped() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("gone", "gone-uid")])], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("gone", "gone-uid")])], pods_of(make_pod()))
     assert plan.evict == () and plan.holders == ("ns/claim",)
 
 
 def test_pod_in_other_namespace_is_not_matched() -> None:
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])],
-                       pods_of(make_pod(namespace="other")), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])],
+                       pods_of(make_pod(namespace="other")))
     assert plan.evict == ()
 
 
 def test_pod_not_using_the_claim_is_skipped() -> None:
     pod = make_pod(claims={"gpu": "another-claim"})
-    plan = plan_record(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(pod), MARKED)
+    plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(pod))
     assert plan.evict == ()
 
 
@@ -172,41 +174,49 @@ def test_non_pod_reservation_is_skipped() -> None:
     claim = make_claim()
     claim["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "pod",
                                        "uid": "pod-uid"}]
-    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [claim], pods_of(make_pod()))
     assert plan.evict == ()
 
 
 def test_generated_claim_resolved_through_pod_status() -> None:
     pod = make_pod(claims={}, templates={"gpu": "pod-gpu-abcde"})
     claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="pod-uid")
-    plan = plan_record(make_record(), [claim], pods_of(pod), MARKED)
+    plan = plan_for(make_record(), [claim], pods_of(pod))
     assert plan.evict == (eviction(claim="pod-gpu-abcde"),)
 
 
 def test_generated_claim_not_controlled_by_pod_is_skipped() -> None:
     pod = make_pod(claims={}, templates={"gpu": "pod-gpu-abcde"})
     claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="someone-else")
-    assert plan_record(make_record(), [claim], pods_of(pod), MARKED).evict == ()
+    assert plan_for(make_record(), [claim], pods_of(pod)).evict == ()
 
 
 def test_generated_claim_not_yet_recorded_is_skipped() -> None:
     pod = make_pod(claims={}, templates={"gpu": None})
     claim = make_claim("pod-gpu-abcde", reserved=[("pod", "pod-uid")], owner_uid="pod-uid")
-    assert plan_record(make_record(), [claim], pods_of(pod), MARKED).evict == ()
+    assert plan_for(make_record(), [claim], pods_of(pod)).evict == ()
 
 
 def test_quarantine_claims_are_never_holders_nor_evicted() -> None:
     quarantine = make_claim("q-xyz", namespace="claimwarden", labels={RECORD_LABEL: RECORD_NAME},
                             reserved=[("pod", "pod-uid")])
     pod = make_pod(namespace="claimwarden", claims={"gpu": "q-xyz"})
-    plan = plan_record(make_record(), [quarantine], pods_of(pod), MARKED)
+    plan = plan_for(make_record(), [quarantine], pods_of(pod))
     assert plan == RecordPlan(quarantine_needed=True)
+
+
+def test_a_user_claim_labelled_as_quarantine_is_still_a_holder_and_its_pod_is_evicted() -> None:
+    forged = make_claim("mine", labels={RECORD_LABEL: RECORD_NAME}, reserved=[("pod", "pod-uid")])
+    pod = make_pod(claims={"gpu": "mine"})
+    plan = plan_for(make_record(), [forged], pods_of(pod))
+    assert plan.holders == ("ns/mine",)
+    assert [(e.pod, e.uid) for e in plan.evict] == [("pod", "pod-uid")]
 
 
 def test_two_pods_sharing_a_claim_are_both_evicted_sorted() -> None:
     claim = make_claim(reserved=[("zeta", "z-uid"), ("alpha", "a-uid")])
     pods = pods_of(make_pod("zeta", uid="z-uid"), make_pod("alpha", uid="a-uid"))
-    plan = plan_record(make_record(), [claim], pods, MARKED)
+    plan = plan_for(make_record(), [claim], pods)
     assert plan.evict == (eviction("alpha", "a-uid"), eviction("zeta", "z-uid"))
     assert plan.would_evict == 2
 
@@ -214,7 +224,7 @@ def test_two_pods_sharing_a_claim_are_both_evicted_sorted() -> None:
 def test_evictions_sorted_by_namespace_then_pod() -> None:
     claims = [make_claim("c1", "b-ns", reserved=[("a", "u1")]), make_claim("c2", "a-ns", reserved=[("z", "u2")])]
     pods = pods_of(make_pod("a", "b-ns", "u1", claims={"gpu": "c1"}), make_pod("z", "a-ns", "u2", claims={"gpu": "c2"}))
-    plan = plan_record(make_record(), claims, pods, MARKED)
+    plan = plan_for(make_record(), claims, pods)
     assert [(e.namespace, e.pod) for e in plan.evict] == [("a-ns", "z"), ("b-ns", "a")]
     assert plan.holders == ("a-ns/c2", "b-ns/c1")
 
@@ -223,14 +233,14 @@ def test_pod_on_another_device_is_untouched() -> None:
     claims = [make_claim(reserved=[("pod", "pod-uid")]),
               make_claim("other", device="gpu-1", reserved=[("other-pod", "other-uid")])]
     pods = pods_of(make_pod(), make_pod("other-pod", uid="other-uid", claims={"gpu": "other"}))
-    plan = plan_record(make_record(), claims, pods, MARKED)
+    plan = plan_for(make_record(), claims, pods)
     assert plan.evict == (eviction(),)
     assert plan.holders == ("ns/claim",)
 
 
 def test_unallocated_claim_is_not_a_holder() -> None:
-    plan = plan_record(make_record(), [make_claim(allocated=False, reserved=[("pod", "pod-uid")])],
-                       pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [make_claim(allocated=False, reserved=[("pod", "pod-uid")])],
+                       pods_of(make_pod()))
     assert plan == RecordPlan(quarantine_needed=True)
 
 
@@ -238,7 +248,7 @@ def test_pod_with_two_claims_on_the_device_is_evicted_once_at_the_earliest() -> 
     claims = [make_claim("slow", reserved=[("pod", "pod-uid")], tolerations=[tol(600)]),
               make_claim("fast", reserved=[("pod", "pod-uid")], tolerations=[tol(60)])]
     pod = make_pod(claims={"a": "slow", "b": "fast"})
-    plan = plan_record(make_record(), claims, pods_of(pod), MARKED)
+    plan = plan_for(make_record(), claims, pods_of(pod))
     assert plan.evict == (eviction(claim="fast", due=MARKED + timedelta(seconds=60)),)
     assert plan.would_evict == 1 and plan.tolerated == 0
 
@@ -247,7 +257,7 @@ def test_pod_with_one_tolerating_and_one_evicting_claim_is_evicted() -> None:
     claims = [make_claim("forever", reserved=[("pod", "pod-uid")], tolerations=[tol()]),
               make_claim("plain", reserved=[("pod", "pod-uid")])]
     pod = make_pod(claims={"a": "forever", "b": "plain"})
-    plan = plan_record(make_record(), claims, pods_of(pod), MARKED)
+    plan = plan_for(make_record(), claims, pods_of(pod))
     assert plan.evict == (eviction(claim="plain"),)
     assert plan.tolerated == 0
 
@@ -256,19 +266,19 @@ def test_pod_with_one_tolerating_and_one_evicting_claim_is_evicted() -> None:
 
 def test_toleration_seconds_delay_due() -> None:
     claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol(300)])
-    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [claim], pods_of(make_pod()))
     assert plan.evict == (eviction(due=MARKED + timedelta(seconds=300)),)
 
 
 def test_tolerated_forever_is_counted_not_evicted() -> None:
     claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol()])
-    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [claim], pods_of(make_pod()))
     assert plan == RecordPlan(tolerated=1, holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_empty_effect_toleration_does_not_prevent_eviction() -> None:
     claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[{"operator": "Exists"}])
-    plan = plan_record(make_record(), [claim], pods_of(make_pod()), MARKED)
+    plan = plan_for(make_record(), [claim], pods_of(make_pod()))
     assert plan.evict == (eviction(),)
 
 
@@ -278,7 +288,7 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
     claims = [make_claim(reserved=[("pod", "pod-uid"), ("tol", "tol-uid")])]
     forever = make_claim("forever", reserved=[("tol", "tol-uid")], tolerations=[tol()])
     pods = pods_of(make_pod(), make_pod("tol", uid="tol-uid", claims={"gpu": "forever"}))
-    plan = plan_record(make_record("None"), [*claims, forever], pods, MARKED)
+    plan = plan_for(make_record("None"), [*claims, forever], pods)
     assert plan.evict == ()
     assert plan.would_evict == 1
     assert plan.tolerated == 1
@@ -287,20 +297,19 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
 
 
 def test_no_schedule_evicts_nobody_but_needs_quarantine() -> None:
-    plan = plan_record(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()),
-                       MARKED)
+    plan = plan_for(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan == RecordPlan(would_evict=1, holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_record_without_device_plans_nothing() -> None:
     record = make_record()
     del record["spec"]["device"]
-    plan = plan_record(record, [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()), MARKED)
+    plan = plan_for(record, [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan == RecordPlan()
 
 
 def test_plan_with_no_claims() -> None:
-    assert plan_record(make_record(), [], {}, MARKED) == RecordPlan(quarantine_needed=True)
+    assert plan_for(make_record(), [], {}) == RecordPlan(quarantine_needed=True)
 
 
 # --- bodies -------------------------------------------------------------------------------------

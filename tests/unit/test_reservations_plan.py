@@ -250,6 +250,12 @@ def test_claim_whose_controller_is_not_a_pod_is_never_deleted() -> None:
     assert not plan_claim(claim, {}, view(uid="other", phase="Succeeded")).delete_claim
 
 
+def test_claim_with_a_forged_pod_owner_but_no_pod_claim_annotation_is_never_deleted() -> None:
+    claim = make_claim(owner_uid="owner-uid")
+    del claim["metadata"]["annotations"]
+    assert not plan_claim(claim, {}, view(uid="owner-uid", phase="Succeeded")).delete_claim
+
+
 # --- headroom -----------------------------------------------------------------------------------
 
 def _many(count: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any] | None]]:

@@ -14,6 +14,7 @@ from ..kube.errors import ApiError
 from ..podclaims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
+    controlling_pod_uid,
     is_allocated,
     is_being_deleted,
     is_reserved_for,
@@ -40,15 +41,32 @@ class ClaimsController:
         self.cache = cache
         self.kube = kube
         self.queue = WorkQueue(NAME)
-        self._recent: dict[tuple[str, str], tuple[float, Body]] = {}
+        # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
+        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        # pod UID -> pod claim name -> claim name: the entries last applied to the pod's status.
+        self._applied: dict[str, dict[str, str]] = {}
 
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
 
-    def forget_deleted_claim(self, name: str) -> None:
+    def forget_deleted_claim(self, claim: Body) -> None:
         """A claim we created was deleted (maybe before the watch delivered it): stop counting on it."""
-        for key in [k for k in self._recent if k[1] == name]:
-            del self._recent[key]
+        uid = controlling_pod_uid(claim)
+        if uid is None:
+            return
+        recent = self._recent.get(uid, {})
+        recent.pop(claim["metadata"]["name"], None)
+        if not recent:
+            self._recent.pop(uid, None)
+        applied = self._applied.get(uid, {})
+        for pod_claim, claim_name in list(applied.items()):
+            if claim_name == claim["metadata"]["name"]:
+                del applied[pod_claim]
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone: drop what was remembered about it."""
+        self._recent.pop(uid, None)
+        self._applied.pop(uid, None)
 
     async def reconcile(self, key: Hashable) -> None:
         namespace, name = cast(tuple[str, str], key)
@@ -56,7 +74,7 @@ class ClaimsController:
         if pod is None:
             return
         uid = pod["metadata"].get("uid", "")
-        owned = self._owned_claims(uid)
+        owned = self._owned_claims(namespace, uid)
         claims = {c["metadata"]["name"]: c for c in owned}
         for resolved in resolve_claim_names(pod):
             claim = self.cache.claim(namespace, resolved.claim_name) if resolved.claim_name else None
@@ -82,10 +100,11 @@ class ClaimsController:
                 continue
             recorded[create.pod_claim_name] = created["metadata"]["name"]
         if recorded:
-            entries = [{"name": pcn, "resourceClaimName": claim} for pcn, claim in sorted(recorded.items())]
+            entries = plan.claim_status_entries(pod, recorded, self._applied.get(uid, {}))
             await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+            self._applied[uid] = {e["name"]: e["resourceClaimName"] for e in entries}
             log.info("pod %s/%s: recorded claims %s", namespace, name,
-                     ", ".join(f"{e['name']}={e['resourceClaimName']}" for e in entries))
+                     ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
         failures += [f"PodResourceClaim {p.pod_claim_name}: {p.message}" for p in pod_plan.problems]
         for reserve in pod_plan.reserve:
             await self._reserve(pod, reserve.claim_name)
@@ -96,14 +115,17 @@ class ClaimsController:
                 await self._warn(pod, message)
             raise ClaimRetry("; ".join(failures))
 
-    def _owned_claims(self, pod_uid: str) -> list[Body]:
+    def _owned_claims(self, namespace: str, pod_uid: str) -> list[Body]:
         now = time.monotonic()
-        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by(pod_uid)}
-        for (uid, claim_name), (created_at, body) in list(self._recent.items()):
+        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by(namespace, pod_uid)}
+        recent = self._recent.get(pod_uid, {})
+        for claim_name, (created_at, body) in list(recent.items()):
             if now - created_at > RECENT_TTL or claim_name in owned:
-                del self._recent[(uid, claim_name)]
-            elif uid == pod_uid:
+                del recent[claim_name]
+            else:
                 owned[claim_name] = body
+        if not recent:
+            self._recent.pop(pod_uid, None)
         return list(owned.values())
 
     async def _create(self, pod: Body, create: plan.CreateClaim, template: Body) -> Body:
@@ -112,7 +134,7 @@ class ClaimsController:
         created = await self.kube.create_claim(namespace, body)
         metrics.CLAIM_CREATIONS.labels("success").inc()
         name = created["metadata"]["name"]
-        self._recent[(pod["metadata"]["uid"], name)] = (time.monotonic(), created)
+        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), created)
         log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
                  pod["metadata"]["name"], name, create.template_name,
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))
@@ -144,10 +166,12 @@ class ClaimsController:
         pod = await self.kube.get_pod(namespace, name)
         if pod is None:
             return
+        uids = {c["metadata"]["name"]: c["metadata"].get("uid") for c in owned}
         for duplicate in plan.duplicate_claims(pod, owned):
             fresh = await self.kube.get_claim(namespace, duplicate)
-            if duplicate in keep or fresh is None or is_allocated(fresh) or \
-                    (fresh.get("status") or {}).get("reservedFor"):
+            # Only ever the very claim planned on, and only if it is still a generated claim of this pod.
+            if duplicate in keep or fresh is None or fresh["metadata"].get("uid") != uids.get(duplicate) \
+                    or plan.duplicate_claims(pod, [fresh]) != [duplicate]:
                 continue
             # The resourceVersion precondition makes the delete fail if the scheduler took it meanwhile.
             try:

@@ -87,7 +87,8 @@ def build_claim(pod: dict[str, Any], pod_claim_name: str, template: dict[str, An
     """The ResourceClaim to create for `pod_claim_name` of `pod` from `template`.
 
     Template labels and annotations are copied, plus the pod-claim-name annotation; the spec is
-    copied verbatim; the pod is the only owner (controller, no blockOwnerDeletion). Nothing else.
+    copied verbatim; the pod is the only owner (controller, blockOwnerDeletion, as
+    kube-controller-manager v1.34 sets them). Nothing else.
     """
     pod_meta = metadata(pod)
     template_meta = spec(template).get("metadata") or {}
@@ -113,6 +114,7 @@ def _pod_owner_reference(pod: dict[str, Any]) -> dict[str, Any]:
         "name": metadata(pod).get("name"),
         "uid": metadata(pod).get("uid"),
         "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
@@ -254,6 +256,30 @@ def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, uid: str) -> bool:
         and not is_being_deleted(claim)
         and len(reserved_for(claim)) < RESERVED_FOR_MAX
     )
+
+
+# --- the pod's status ----------------------------------------------------------------------------
+
+def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
+                         applied: Mapping[str, str]) -> list[dict[str, str]]:
+    """Every `status.resourceClaimStatuses` entry claimwarden keeps for the pod, in spec order.
+
+    Server-side apply removes the entries an apply leaves out that the same field manager set
+    before, so each apply must carry all of them, not only this sync's. For each template pod claim
+    the claim is the one `recorded` now, else the one claimwarden `applied` before (the cache may not
+    show it yet), else the one the pod's status already names (perhaps another controller's).
+    """
+    in_status = {name: str(entry.get("resourceClaimName")) for name, entry in claim_statuses(pod).items()
+                 if entry.get("resourceClaimName")}
+    entries = []
+    for entry in spec(pod).get("resourceClaims") or []:
+        name = str(entry.get("name") or "")
+        if not entry.get("resourceClaimTemplateName"):
+            continue
+        claim = recorded.get(name) or applied.get(name) or in_status.get(name)
+        if claim:
+            entries.append({"name": name, "resourceClaimName": claim})
+    return entries
 
 
 # --- duplicates ---------------------------------------------------------------------------------

@@ -1,1 +1,27 @@
-"""Device health: a device marked unhealthy empties itself and stays free of new work (DESIGN.md §2.3)."""
+"""Device health: a device marked unhealthy empties itself and stays free of new work (DESIGN.md §2.3).
+
+Modules, by what they decide or do:
+
+- ``records``, ``tolerations``, ``plan``: pure decisions (marks, eviction times, object bodies).
+- ``marks``: slice annotations -> UnhealthyDevice records.
+- ``controller``: one record at a time: quarantine, status, which pods to evict and when.
+- ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
+- ``evictions``: one pod at a time, through the Eviction API.
+
+**The quarantine trap** (README "Keeping new work away"). A quarantine claim is a ResourceClaim in
+claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never
+hand out a device that an allocated claim holds. But kube-scheduler keeps allocated devices as a
+plain set (``allocateddevices.go``) and removes a device from it whenever *any* claim holding it is
+deallocated or deleted, even while the quarantine claim still holds it. Three rules follow, and the
+code refers to them by number:
+
+1. When another claim holding the device lets go, the quarantine is re-asserted with a *new*
+   claim: clearing and re-writing the allocation of the old one would be a deallocation, and a
+   deallocation makes the scheduler retry pending pods while the device looks free. The old claim
+   is deleted first (the device is already forgotten, and a deletion wakes nobody), so one
+   quarantine claim per record is the bound.
+2. A generated claim on a quarantined device is released by deleting it with its allocation
+   rather than by deallocating it: in 1.34 a deletion does not wake pending pods.
+3. On clearing, the quarantine claim is deallocated (waking waiting pods, which may now take the
+   device) and then deleted.
+"""

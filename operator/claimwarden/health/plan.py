@@ -89,9 +89,14 @@ def simulated_taint(record: dict[str, Any]) -> dict[str, Any]:
 
 # --- claims and pods ----------------------------------------------------------------------------
 
-def is_quarantine_claim(claim: dict[str, Any]) -> bool:
-    """True for a quarantine claim of claimwarden's (it carries RECORD_LABEL)."""
-    return RECORD_LABEL in (metadata(claim).get("labels") or {})
+def is_quarantine_claim(claim: dict[str, Any], namespace: str) -> bool:
+    """True for a quarantine claim of claimwarden's: in its own `namespace` and carrying RECORD_LABEL.
+
+    The label alone proves nothing: users set labels on their own claims and templates (generated
+    claims copy the template's), and a claim counted as quarantine never has its pods evicted.
+    """
+    meta = metadata(claim)
+    return meta.get("namespace") == namespace and RECORD_LABEL in (meta.get("labels") or {})
 
 
 def holds_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
@@ -105,9 +110,9 @@ def claim_key(claim: dict[str, Any]) -> str:
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
-def device_holders(claims: Iterable[dict[str, Any]], ref: DeviceRef) -> list[dict[str, Any]]:
-    """The non-quarantine claims allocated the device."""
-    return [claim for claim in claims if not is_quarantine_claim(claim) and holds_device(claim, ref)]
+def device_holders(claims: Iterable[dict[str, Any]], ref: DeviceRef, namespace: str) -> list[dict[str, Any]]:
+    """The claims allocated the device, except quarantine claims in claimwarden's `namespace`."""
+    return [claim for claim in claims if not is_quarantine_claim(claim, namespace) and holds_device(claim, ref)]
 
 
 def pod_uses_claim(pod: dict[str, Any], claim: dict[str, Any]) -> bool:
@@ -160,8 +165,12 @@ def plan_record(
     claims: Iterable[dict[str, Any]],
     pods: Mapping[tuple[str, str], dict[str, Any]],
     marked_at: datetime,
+    namespace: str,
 ) -> RecordPlan:
     """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
+
+    `claims` need only hold those allocated the device (others are ignored); `namespace` is
+    claimwarden's own, where its quarantine claims live.
 
     Due times count from `marked_at` (the record's status.markedAt) plus the smallest matching
     tolerationSeconds. A pod using several claims that hold the device is evicted once, at the
@@ -172,7 +181,7 @@ def plan_record(
         return RecordPlan()
     effect = record_effect(record)
     taint = simulated_taint(record)
-    holders = device_holders(claims, ref)
+    holders = device_holders(claims, ref, namespace)
     earliest: dict[tuple[str, str, str], Eviction] = {}
     using: set[tuple[str, str, str]] = set()
     for claim in sorted(holders, key=claim_key):

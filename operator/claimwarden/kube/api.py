@@ -21,6 +21,7 @@ FIELD_MANAGER = "claimwarden"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
 Body = dict[str, Any]
 CORE = "/api/v1"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -47,9 +48,10 @@ class Kube:
         await self.api_client.close()
 
     async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
-                      content_type: str = "application/json", allow_missing: bool = False) -> Body | None:
+                      content_type: str = "application/json", allow_missing: bool = False,
+                      accept: str = "application/json") -> Body | None:
         """One raw request; bodies stay dicts so no field is lost to a client model."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         params = await self.api_client.param_serialize(
@@ -126,6 +128,26 @@ class Kube:
         except ApiError as exc:
             if exc.status != 409:
                 raise
+
+    # --- any kind, by API path prefix and plural -----------------------------------------
+
+    async def list_uids(self, api: str, plural: str, page: int = 500) -> set[str]:
+        """The UIDs of every object of a kind, from metadata-only pages (cheap even at 10,000 pods)."""
+        uids: set[str] = set()
+        query: dict[str, Any] = {"limit": page}
+        while True:
+            listing = await self._must("GET", f"{api}/{plural}", query=query, accept=METADATA_LIST)
+            uids.update(str((item.get("metadata") or {}).get("uid")) for item in listing.get("items") or [])
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return uids
+            query = {"limit": page, "continue": token}
+
+    async def get_object(self, api: str, plural: str, name: str, *, namespace: str | None) -> Body | None:
+        """One object by name (namespaced when `namespace` is given), or None when there is none."""
+        path = _path(api, namespace, plural, name) if namespace is not None else \
+            f"{api}/{plural}/{quote(name, safe='')}"
+        return await self.request("GET", path, allow_missing=True)
 
     # --- cluster-scoped objects by group/version/plural -------------------------------------
 

@@ -51,27 +51,38 @@ class ReservationsController:
         await self._note_limit(cached, claim_plan)
         if not _destructive(claim_plan):
             return
-        # Before anything destructive, decide again on a fresh read of the claim.
+        # Before anything destructive, decide again on a fresh read of the claim and of every pod
+        # the first plan would let go of: the cache may hold a pod deleted while a watch was down.
         fresh = await self.kube.get_claim(namespace, name)
         if fresh is None:
             return
-        claim_plan = await self._plan(fresh)
+        live = {entry["name"] for entry in claim_plan.drop}
+        owner_ref = controlling_pod_ref(cached)
+        if claim_plan.delete_claim and owner_ref is not None:
+            live.add(owner_ref["name"])
+        claim_plan = await self._plan(fresh, live=live)
         if _destructive(claim_plan):
             await self._apply(fresh, claim_plan)
 
-    async def _plan(self, claim: Body) -> plan.ClaimPlan:
+    async def _plan(self, claim: Body, live: set[str] | frozenset[str] = frozenset()) -> plan.ClaimPlan:
+        """The plan from cached pods, except those named in `live`, which are read from the API."""
         namespace = claim["metadata"]["namespace"]
         pods: dict[str, dict[str, Any] | None] = {}
         for entry in reserved_for(claim):
             if is_pod_reservation(entry):
-                pods[entry["name"]] = await self._pod_view(namespace, entry["name"])
+                pods[entry["name"]] = await self._pod_view(namespace, entry["name"], entry["name"] in live)
         owner_ref = controlling_pod_ref(claim)
-        owner = plan.pod_view(self.cache.pod(namespace, owner_ref["name"])) if owner_ref else None
+        owner = None
+        if owner_ref is not None:
+            owner_name = owner_ref["name"]
+            owner = pods.get(owner_name) if owner_name in pods else plan.pod_view(
+                await self.kube.get_pod(namespace, owner_name) if owner_name in live
+                else self.cache.pod(namespace, owner_name))
         return plan.plan_claim(claim, pods, owner)
 
-    async def _pod_view(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """From the cache, or a live GET when the cache does not have it (too new, or really gone)."""
-        pod = self.cache.pod(namespace, name)
+    async def _pod_view(self, namespace: str, name: str, live: bool) -> dict[str, Any] | None:
+        """From the cache, or a live GET when asked to or when the cache does not have it."""
+        pod = None if live else self.cache.pod(namespace, name)
         if pod is None:
             pod = await self.kube.get_pod(namespace, name)
         return plan.pod_view(pod)

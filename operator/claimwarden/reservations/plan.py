@@ -23,6 +23,7 @@ from claimwarden.podclaims import (
     is_being_deleted,
     is_pod_reservation,
     metadata,
+    pod_claim_name_of,
     reserved_for,
     spec,
     status,
@@ -138,11 +139,12 @@ def _release(claim: dict[str, Any], *, dropped: bool, remaining: bool) -> tuple[
 def _owner_is_finished(claim: dict[str, Any], owner: Mapping[str, Any] | None) -> bool:
     """True when the claim's controlling pod (known in the cache) is replaced or done.
 
-    A claim whose owner is missing from the cache is left to the garbage collector; a claim without a
-    pod owner (a user's claim) is never deleted; nor is one already being deleted.
+    A claim whose owner is missing from the cache is left to the garbage collector; a claim that is
+    not a generated claim (a pod owner and the pod-claim-name annotation, as claimwarden and upstream
+    make them) is never deleted, whatever ownerReference a user gave it; nor is one already being deleted.
     """
     owner_uid = controlling_pod_uid(claim)
-    if owner_uid is None or owner is None or is_being_deleted(claim):
+    if owner_uid is None or owner is None or is_being_deleted(claim) or not pod_claim_name_of(claim):
         return False
     return owner.get("uid") != owner_uid or is_view_done(owner)
 

@@ -1,0 +1,134 @@
+"""Evicting the pods of a marked device, one pod per key, through the Eviction API.
+
+A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record, the pod and
+the claim from the API, because the indices may hold objects deleted while a watch was down; a
+pod is evicted only while all three still say so. PodDisruptionBudgets hold: a refusal is retried
+with back-off until the budget allows it or the mark is cleared.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import cast
+
+from .. import metrics
+from ..cache import Body
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..podclaims import is_being_deleted, is_reserved_for
+from ..timestamps import now, parse_rfc3339
+from ..workqueue import Requeue, WorkQueue
+from . import plan, records
+
+log = logging.getLogger("claimwarden.health")
+
+RECORDS_API = f"{records.GROUP}/{records.VERSION}"
+EVICTED = "EvictedUnhealthyDevice"
+EVICTION_BLOCKED = "EvictionBlocked"
+# Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
+PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
+
+EvictionKey = tuple[str, str, str, str, str]
+PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
+
+
+class Evictions:
+    """The eviction queue, the PDB refusals per key, and each record's count of evicted pods."""
+
+    def __init__(self, *, kube: Kube, post_event: PostEvent,
+                 on_evicted: Callable[[str], None]) -> None:
+        self.kube = kube
+        self.queue = WorkQueue("health-evictions")
+        self._post_event = post_event
+        self._on_evicted = on_evicted
+        self._pdb_attempts: dict[Hashable, int] = {}
+        self._evicted: dict[str, int] = {}
+
+    def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
+        key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
+        self.queue.add_after(key, max((eviction.due - moment).total_seconds(), 0))
+
+    def evicted(self, record: Body) -> int:
+        """Pods evicted for the record; after a restart the count starts from its status."""
+        name = record["metadata"]["name"]
+        if name not in self._evicted:
+            self._evicted[name] = int((record.get("status") or {}).get("podsEvicted") or 0)
+        return self._evicted[name]
+
+    def forget(self, record_name: str) -> None:
+        self._evicted.pop(record_name, None)
+
+    async def reconcile(self, key: Hashable) -> None:
+        record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
+        target = await self._still_due(record_name, namespace, pod_name, uid, claim_name)
+        if target is None:
+            self._pdb_attempts.pop(key, None)
+            return
+        record, pod, ref = target
+        try:
+            await self.kube.evict_pod(namespace, pod_name, uid)
+        except ApiError as exc:
+            if exc.too_many_requests:
+                raise await self._blocked(key, pod, ref, exc) from None
+            self._pdb_attempts.pop(key, None)
+            if exc.status in (404, 409):
+                metrics.EVICTIONS.labels("gone").inc()
+                return
+            metrics.EVICTIONS.labels("error").inc()
+            raise
+        self._pdb_attempts.pop(key, None)
+        metrics.EVICTIONS.labels("evicted").inc()
+        marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
+            record["metadata"].get("creationTimestamp"))
+        if marked_at is not None:
+            metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
+        await self._count(record)
+        reason = record["spec"].get("reason", "")
+        message = f"evicted: device {ref} is unhealthy: {reason}"
+        await self._post_event(pod, "Warning", EVICTED, message)
+        await self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}")
+        log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
+        self._on_evicted(record_name)
+
+    async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
+                         claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
+        """(record, pod, device) read fresh, when the pod is still to be evicted; else None."""
+        record = await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, record_name)
+        ref = records.record_ref(record) if record is not None else None
+        if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
+                is_being_deleted(record):
+            return None
+        pod = await self.kube.get_pod(namespace, pod_name)
+        if pod is None or pod["metadata"].get("uid") != uid:
+            metrics.EVICTIONS.labels("gone").inc()
+            return None
+        if is_being_deleted(pod):
+            return None
+        claim = await self.kube.get_claim(namespace, claim_name)
+        if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
+            return None
+        return record, pod, ref
+
+    async def _blocked(self, key: Hashable, pod: Body, ref: records.DeviceRef, exc: ApiError) -> Requeue:
+        """Count a refusal, say so once on the pod, and back off."""
+        metrics.EVICTIONS.labels("pdb_blocked").inc()
+        attempts = self._pdb_attempts.get(key, 0) + 1
+        self._pdb_attempts[key] = attempts
+        if attempts == 1:
+            await self._post_event(pod, "Warning", EVICTION_BLOCKED,
+                                   f"eviction for unhealthy device {ref} is blocked: {exc.message}")
+        return Requeue(min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX), "blocked")
+
+    async def _count(self, record: Body) -> None:
+        """Store the new count at once: it lives only in memory until the record's status has it."""
+        name = record["metadata"]["name"]
+        self._evicted[name] = self.evicted(record) + 1
+        try:
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+                                                       {"status": {"podsEvicted": self._evicted[name]}},
+                                                       subresource="status")
+        except ApiError as exc:
+            if not exc.not_found:
+                log.warning("could not store the eviction count of record %s: %s", name, exc)

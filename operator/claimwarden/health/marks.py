@@ -1,0 +1,60 @@
+"""Slice annotations -> UnhealthyDevice records (the decisions are in records.plan_slice).
+
+A bad annotation changes nothing and is reported once, as a Warning Event on the slice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import cast
+
+from ..cache import Body, Cache
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..workqueue import WorkQueue
+from . import records
+
+log = logging.getLogger("claimwarden.health")
+
+RECORDS_API = f"{records.GROUP}/{records.VERSION}"
+MARK_ERROR = "InvalidUnhealthyMark"
+
+
+class Marks:
+    """The slice queue and which bad annotations were already reported."""
+
+    def __init__(self, *, cache: Cache, kube: Kube,
+                 post_event: Callable[[Body, str, str, str], Awaitable[None]]) -> None:
+        self.cache = cache
+        self.kube = kube
+        self.queue = WorkQueue("health-slices")
+        self._post_event = post_event
+        self._reported: set[tuple[str, str, str]] = set()
+
+    async def reconcile(self, key: Hashable) -> None:
+        name = cast(str, key)
+        slice_ = self.cache.resource_slice(name)
+        if slice_ is None:
+            return
+        existing = {r["metadata"]["name"]: r for r in self.cache.records()}
+        sync = records.plan_slice(slice_, existing)
+        for error in sync.errors:
+            marker = (slice_["metadata"].get("uid", ""), error.key, error.message)
+            if marker not in self._reported:
+                self._reported.add(marker)
+                await self._post_event(slice_, "Warning", MARK_ERROR, error.message)
+                log.warning("slice %s: %s", name, error.message)
+        for body in sync.create:
+            try:
+                await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            log.info("slice %s: device %s marked unhealthy: %s", name, body["spec"]["device"], body["spec"]["reason"])
+        for record_name, reason in sync.update_reason:
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+                                                       {"spec": {"reason": reason}})
+        for record_name in sync.delete:
+            await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
+            log.info("slice %s: record %s cleared (annotation removed)", name, record_name)

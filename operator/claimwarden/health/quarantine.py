@@ -1,0 +1,144 @@
+"""Keeping new work off a marked device: quarantine claims and, where served, a DeviceTaintRule.
+
+The rules this follows are the quarantine trap's, in the package docstring (rules 1 and 3 here).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..cache import Body, Cache
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..podclaims import is_allocated
+from . import plan, records
+from .records import DeviceRef
+
+log = logging.getLogger("claimwarden.health")
+
+RECORDS_API = f"{records.GROUP}/{records.VERSION}"
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+
+class Quarantine:
+    """The quarantine claims of each record in claimwarden's namespace, and its DeviceTaintRule."""
+
+    def __init__(self, *, cache: Cache, kube: Kube, namespace: str) -> None:
+        self.cache = cache
+        self.kube = kube
+        self.namespace = namespace
+        self._taint_rule_version: str | None = None
+        self._taint_rule_checked = False
+
+    def claims_of(self, record_name: str) -> list[Body]:
+        """The record's quarantine claims, oldest name first."""
+        label = records.label_value(record_name)
+        found = [c for c in self._all_claims()
+                 if (c["metadata"].get("labels") or {}).get(records.RECORD_LABEL) == label]
+        return sorted(found, key=lambda c: c["metadata"]["name"])
+
+    def _all_claims(self) -> list[Body]:
+        return [c for c in self.cache.claims() if plan.is_quarantine_claim(c, self.namespace)]
+
+    async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, reassert: bool) -> list[str]:
+        """Keep the device held by exactly one allocated quarantine claim; return its name.
+
+        `reassert`: another holder let go of the device since the quarantine was last asserted, so
+        the scheduler has forgotten it (rule 1): replace the claim by a new one.
+        """
+        existing = self.claims_of(record["metadata"]["name"])
+        if not needed:
+            await self.release(existing)
+            return []
+        if len(existing) == 1 and not reassert:
+            if not is_allocated(existing[0]):  # a crash between creating and allocating it
+                await self._allocate(existing[0], ref)
+            return [existing[0]["metadata"]["name"]]
+        # Several claims (a crash mid-reassert, or an older version) count as a reassert too: deleting
+        # any of them makes the scheduler forget the device.
+        for claim in existing:
+            await self._delete(claim)
+        node = plan.slice_node(self.cache.resource_slices(), ref)
+        body = plan.quarantine_claim_body(record, self.namespace, node)
+        try:
+            created = await self.kube.create_claim(self.namespace, body)
+        except ApiError as exc:
+            if not exc.not_found:  # the namespace is missing (e.g. a local run): create it once
+                raise
+            await self.kube.create_namespace(self.namespace)
+            created = await self.kube.create_claim(self.namespace, body)
+        await self._allocate(created, ref, node)
+        log.info("device %s quarantined by claim %s/%s", ref, self.namespace, created["metadata"]["name"])
+        return [created["metadata"]["name"]]
+
+    async def release(self, claims: list[Body]) -> None:
+        """Free the device (rule 3): delete all quarantine claims, deallocating the last one first."""
+        for position, claim in enumerate(claims):
+            meta = claim["metadata"]
+            if position == len(claims) - 1 and is_allocated(claim):
+                try:
+                    await self.kube.patch_claim_status(self.namespace, meta["name"], [
+                        {"op": "remove", "path": "/status/allocation"}])
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
+            await self._delete(claim)
+            log.info("quarantine claim %s/%s released", self.namespace, meta["name"])
+
+    async def _delete(self, claim: Body) -> None:
+        await self.kube.delete_claim(self.namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+
+    async def release_orphans(self) -> None:
+        """Quarantine claims whose record is gone (deleted while claimwarden was down).
+
+        Decided on a live list of the records, not the index: this runs beside the watches and
+        must never free a device because an index was not filled yet.
+        """
+        candidates = self._all_claims()
+        if not candidates:
+            return
+        listing = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+        live = {records.label_value(r["metadata"]["name"]) for r in listing}
+        by_record: dict[str, list[Body]] = {}
+        for claim in candidates:
+            label = claim["metadata"]["labels"][records.RECORD_LABEL]
+            if label not in live:
+                by_record.setdefault(label, []).append(claim)
+        for claims in by_record.values():
+            await self.release(sorted(claims, key=lambda c: c["metadata"]["name"]))
+
+    async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> None:
+        node = node or plan.slice_node(self.cache.resource_slices(), ref)
+        await self.kube.patch_claim_status(self.namespace, claim["metadata"]["name"], [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/status", "value": {"allocation": plan.quarantine_allocation(ref, node)}}])
+
+    async def sync_taint_rule(self, record: Body, *, needed: bool) -> str:
+        """Where DeviceTaintRule is served, keep a NoSchedule rule in step with the record."""
+        version = await self._taint_rule_api()
+        if not version:
+            return ""
+        api = f"resource.k8s.io/{version}"
+        body: dict[str, Any] = plan.device_taint_rule_body(record, api)
+        body["metadata"]["ownerReferences"] = [{
+            "apiVersion": RECORDS_API, "kind": records.KIND, "name": record["metadata"]["name"],
+            "uid": record["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
+        rule_name = body["metadata"]["name"]
+        existing = await self.kube.get_cluster_object(api, "devicetaintrules", rule_name)
+        if not needed:
+            if existing is not None:
+                await self.kube.delete_cluster_object(api, "devicetaintrules", rule_name)
+            return ""
+        if existing is None:
+            await self.kube.create_cluster_object(api, "devicetaintrules", body)
+        return str(rule_name)
+
+    async def _taint_rule_api(self) -> str | None:
+        if not self._taint_rule_checked:
+            self._taint_rule_version = await self.kube.served_version("resource.k8s.io", "devicetaintrules",
+                                                                      TAINT_RULE_VERSIONS)
+            self._taint_rule_checked = True
+            if self._taint_rule_version:
+                log.info("DeviceTaintRule served as resource.k8s.io/%s: unhealthy devices also get a NoSchedule "
+                         "rule", self._taint_rule_version)
+        return self._taint_rule_version

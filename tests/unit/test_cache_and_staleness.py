@@ -1,0 +1,65 @@
+"""Look-ups that respect UIDs, and finding objects deleted while a watch was down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from claimwarden.cache import Cache
+from claimwarden.staleness import is_confirmed_gone, missing_from
+
+from .claim_fixtures import pod_owner_reference
+
+
+class FakeIndex(dict[Any, list[Any]]):
+    """A plain dict in the shape of a Kopf index: key -> values."""
+
+
+def obj(name: str, uid: str, *, namespace: str = "ns", created: str = "2026-01-01T00:00:00Z",
+        version: str = "1", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "uid": uid, "creationTimestamp": created,
+                         "resourceVersion": version, **extra}}
+
+
+def cache(**indices: FakeIndex) -> Cache:
+    names = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
+             "claims_by_device", "templates_by_name")
+    return Cache({name: indices.get(name, FakeIndex()) for name in names})
+
+
+def test_a_stale_object_never_shadows_the_live_one_of_the_same_name() -> None:
+    stale = obj("p", "old", created="2026-01-01T00:00:00Z", version="90")
+    live = obj("p", "new", created="2026-01-01T00:05:00Z", version="40")
+    for order in ([stale, live], [live, stale]):
+        assert cache(pods_by_name=FakeIndex({("ns", "p"): order})).pod("ns", "p") == live
+
+
+def test_same_second_creation_falls_back_to_the_newer_resource_version() -> None:
+    old, new = obj("p", "old", version="100"), obj("p", "new", version="250")
+    assert cache(pods_by_name=FakeIndex({("ns", "p"): [new, old]})).pod("ns", "p") == new
+
+
+def test_owned_claims_are_looked_up_within_the_pods_namespace() -> None:
+    mine = obj("c", "c-uid", ownerReferences=[pod_owner_reference("pod-uid")])
+    view = cache(claims_by_name=FakeIndex({("ns", "c"): [mine]}),
+                 claims_by_owner=FakeIndex({("ns", "pod-uid"): ["c"]}))
+    assert view.claims_owned_by("ns", "pod-uid") == [mine]
+    assert view.claims_owned_by("elsewhere", "pod-uid") == []
+
+
+def test_owned_claims_skip_a_same_named_claim_that_is_not_controlled_by_the_pod() -> None:
+    other = obj("c", "c2-uid")
+    view = cache(claims_by_name=FakeIndex({("ns", "c"): [other]}),
+                 claims_by_owner=FakeIndex({("ns", "pod-uid"): ["c"]}))
+    assert view.claims_owned_by("ns", "pod-uid") == []
+
+
+def test_missing_from_the_live_list_are_only_candidates() -> None:
+    a, b = obj("a", "a-uid"), obj("b", "b-uid")
+    assert missing_from([a, b], {"a-uid"}) == [b]
+
+
+def test_confirmed_gone_when_the_fresh_read_finds_nothing_or_another_uid() -> None:
+    indexed = obj("a", "a-uid")
+    assert is_confirmed_gone(indexed, None)
+    assert is_confirmed_gone(indexed, obj("a", "other"))
+    assert not is_confirmed_gone(indexed, obj("a", "a-uid"))
