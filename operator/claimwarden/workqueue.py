@@ -27,6 +27,11 @@ class Requeue(Exception):
     why: str = ""
 
 
+class Retry(Exception):
+    """A known condition that may clear by itself (a template not created yet, a refused create):
+    retried with back-off like any failure, but logged in one line, without a traceback."""
+
+
 class WorkQueue:
     def __init__(self, name: str, base_delay: float = 0.05, max_delay: float = 300.0) -> None:
         self.name = name
@@ -162,4 +167,4 @@ async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
 
 
 def _expected(exc: Exception) -> bool:
-    return isinstance(exc, ApiError)
+    return isinstance(exc, ApiError | Retry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -67,6 +68,15 @@ class Operator:
         self.proc.kill()
         self.proc.wait()
         self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process stays, its watches and requests hang (a stalled node, a long GC pause)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     @contextlib.contextmanager
     def stopped(self) -> Iterator[None]:

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from claimwarden.workqueue import Requeue, WorkQueue, run_workers
+from claimwarden.workqueue import Requeue, Retry, WorkQueue, run_workers
 
 
 def test_a_key_added_twice_is_queued_once() -> None:
@@ -105,3 +105,23 @@ def test_closing_lets_a_busy_worker_finish_its_key_and_stops_idle_ones() -> None
 
     asyncio.run(scenario())
     assert finished == ["busy"]
+
+
+@pytest.mark.parametrize(("error", "traceback"), [(Retry("template not there yet"), False),
+                                                  (RuntimeError("a bug"), True)])
+def test_a_known_condition_is_logged_without_a_traceback_and_a_bug_with_one(
+        error: Exception, traceback: bool, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        queue = WorkQueue("test-logging", base_delay=10)
+
+        async def reconcile(key: Hashable) -> None:
+            queue.close(1)
+            raise error
+
+        queue.add("a")
+        await run_workers(queue, reconcile, 1)
+
+    with caplog.at_level("WARNING", logger="claimwarden.workqueue"):
+        asyncio.run(scenario())
+    (record,) = [r for r in caplog.records if "reconciling" in r.getMessage()]
+    assert bool(record.exc_info) is traceback

@@ -20,7 +20,7 @@ from ..podclaims import (
     is_reserved_for,
     resolve_claim_names,
 )
-from ..workqueue import WorkQueue
+from ..workqueue import Retry, WorkQueue
 from . import plan
 
 log = logging.getLogger("claimwarden.claims")
@@ -32,7 +32,7 @@ FAILED_CREATION = "FailedResourceClaimCreation"
 RECENT_TTL = 300.0
 
 
-class ClaimRetry(Exception):
+class ClaimRetry(Retry):
     """Some pod claims could not be handled yet; the pod is retried with back-off."""
 
 
