@@ -395,29 +395,28 @@ class Audit:
 
     def check(self, rules: Rules = Rules(), *, namespace: str | None = None,
               converge: float = CONVERGE_SECONDS) -> list[str]:
-        problems = self.lab.check_events(rules) + self.logs.check(rules)
-        if namespace:
-            problems += self._wait_namespace_gone(namespace, converge)
-        problems += self.check_objects(rules, converge=converge)
-        return problems
+        return self.lab.check_events(rules) + self.logs.check(rules) + self.check_objects(
+            rules, namespace=namespace, converge=converge)
 
-    def _wait_namespace_gone(self, namespace: str, timeout: float) -> list[str]:
-        core = client.CoreV1Api(self.api)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                core.read_namespace(namespace)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return []
-                raise
-            time.sleep(0.25)
-        left = [f"{_describe(c)} (finalizers {_meta(c).get('finalizers')})"
-                for c in read_objects(self.api).claims if _meta(c).get("namespace") == namespace]
-        return [f"namespace {namespace} still exists {timeout:.0f}s after its deletion; claims in it: {left}"]
+    def _namespace_gone(self, namespace: str | None) -> bool:
+        if not namespace:
+            return True
+        try:
+            client.CoreV1Api(self.api).read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
 
-    def check_objects(self, rules: Rules = Rules(), *, converge: float = CONVERGE_SECONDS) -> list[str]:
-        """Poll until the object rules hold; a stale reservation counts once it lasted > 10 s."""
+    def check_objects(self, rules: Rules = Rules(), *, namespace: str | None = None,
+                      converge: float = CONVERGE_SECONDS) -> list[str]:
+        """Poll until the object rules hold; fail only once ``namespace`` is gone or ``converge`` s passed.
+
+        Clean at the first look is the usual case and costs one round of lists: the namespace's
+        deletion (seconds) is waited for only when something is wrong. A stale reservation counts
+        once it lasted more than 10 s.
+        """
         deadline = time.monotonic() + converge
         first_seen: dict[tuple[str, ...], float] = {}
         while True:
@@ -430,8 +429,15 @@ class Audit:
             first_seen = {key: first_seen.get(key, now) for key in stale}
             lasting = [stale[k] + f" (for {now - t:.0f}s)" for k, t in first_seen.items()
                        if now - t > STALE_RESERVATION_SECONDS]
-            if (not problems and not stale) or now >= deadline:
-                return problems + lasting
-            if lasting and not problems and all(now - t > STALE_RESERVATION_SECONDS for t in first_seen.values()):
+            if not problems and not stale:
+                return []
+            gone = self._namespace_gone(namespace)
+            if now >= deadline:
+                left = [] if gone else [
+                    f"namespace {namespace} still exists {converge:.0f}s after its deletion; its claims: "
+                    + ", ".join(f"{_meta(c).get('name')} (finalizers {_meta(c).get('finalizers')})"
+                                for c in objects.claims if _meta(c).get("namespace") == namespace)]
+                return problems + lasting + left
+            if gone and not problems and len(lasting) == len(stale):
                 return lasting
             time.sleep(0.5)

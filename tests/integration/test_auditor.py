@@ -112,4 +112,4 @@ def test_each_rule_fires_on_a_planted_violation(lab: LabState, api: client.ApiCl
     assert (f"gpu.example.com/{POOL}/gpu-6 is allocated to 2 claims: {namespace}/double-a, {namespace}/double-b"
             in text), text
     assert f"claim {namespace}/stale is reserved for pod ghost" in text, text
-    assert len(problems) == 7, text
+    assert len(problems) == 8, text  # the planted ERROR line and its traceback are two
