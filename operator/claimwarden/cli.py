@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
     lab_up.add_argument("--runtime-config", default="", help="kube-apiserver --runtime-config")
     lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
+    restart = lab_sub.add_parser("restart-apiserver",
+                                 help="restart kube-apiserver with the same arguments and wait until it is ready")
+    restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
+    restart.add_argument("--compact", action="store_true",
+                         help="first compact etcd to its current revision, so old resourceVersions are gone (410)")
     for name, text in (("down", "stop the lab and remove its state"), ("status", "show the lab's processes"),
                        ("env", "print shell lines that point KUBECONFIG and PATH at the lab")):
         cmd = lab_sub.add_parser(name, help=text)
@@ -127,6 +132,13 @@ def _lab(args: argparse.Namespace) -> int:
                 runtime_config=args.runtime_config, api_port=args.api_port), say)
         elif args.lab_command == "down":
             cluster.down(args.dir, say)
+        elif args.lab_command == "restart-apiserver":
+            state = cluster.LabState.load(args.dir.expanduser().resolve())
+            if state is None:
+                raise LabError(f"no lab in {args.dir}: run 'claimwarden lab up' first")
+            if args.compact:
+                say(f"etcd compacted to revision {cluster.compact_etcd(state)}")
+            cluster.restart_apiserver(state, say)
         elif args.lab_command == "status":
             print("\n".join(cluster.status(args.dir)))
         elif args.lab_command == "env":

@@ -2,6 +2,9 @@
 
 If the binaries are missing or the lab cannot start, every integration test fails with the
 reason. They never skip: a skipped suite hides exactly the breakage CI exists to catch.
+
+After every test the auditor (auditor.py, the autouse `audit` fixture) checks what claimwarden
+did on the way; `extra_lab` audits its lab before stopping it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from kubernetes import client, config
 from claimwarden.lab import cluster
 from claimwarden.lab.processes import LabError
 
+from .auditor import Audit, LabAudit, LogWatch, leftovers, read_objects, rules_from, shared_devices
 from .helpers import delete_namespace
-from .operator import Operator
+from .operator import Operator, log_paths
 
 _LAB_ERROR: list[str] = []
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -102,6 +106,46 @@ def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
     delete_namespace(api, name)
 
 
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def audit(request: pytest.FixtureRequest) -> Iterator[Audit | None]:
+    """Fail the test if claimwarden did something it should not have on the way (auditor.py).
+
+    Autouse, so it is set up before and torn down after `namespace`: it sees the namespace gone.
+    Tests on an extra lab only get the log rule here; `extra_lab` audits the rest.
+    """
+    marker = request.node.get_closest_marker("audit")
+    try:
+        rules = rules_from(marker.kwargs if marker else {})
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    logs = LogWatch(log_paths)
+    auditor = None
+    if "lab" in request.fixturenames:
+        auditor = Audit(request.getfixturevalue("lab"), request.getfixturevalue("api"), logs)
+    yield auditor
+    if auditor is None:
+        problems = logs.check(rules)
+    elif request.node.stash.get(_CALL_FAILED, False):
+        problems = auditor.lab.check_events(rules) + logs.check(rules)  # the objects are whatever the failure left
+    else:
+        funcargs = getattr(request.node, "funcargs", None) or {}
+        problems = auditor.check(rules, namespace=funcargs.get("namespace"))
+    if problems:
+        pytest.fail("the auditor found what claimwarden should not have done "
+                    "(see tests/integration/auditor.py):\n  " + "\n  ".join(problems), pytrace=False)
+
+
 @pytest.fixture
 def lab_dir(lab: cluster.LabState) -> Path:
     return lab.dir
@@ -131,8 +175,16 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Itera
         state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
     except LabError as exc:
         pytest.fail(f"the extra lab could not start: {exc}", pytrace=False)
+    lab_audit = LabAudit(state, from_start=True)
+    problems: list[str] = []
     try:
         install_crds(state)
         yield state
+        problems = lab_audit.check_events()
+        with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
+            objects = read_objects(api)
+        problems += shared_devices(objects.claims) + leftovers(objects)
     finally:
         cluster.down(directory, say=lambda line: print(f"lab: {line}"))
+    if problems:
+        pytest.fail(f"the auditor found in the extra lab {directory}:\n  " + "\n  ".join(problems), pytrace=False)

@@ -14,6 +14,14 @@ from claimwarden.lab.processes import free_port
 
 from .helpers import stop_process, wait_for
 
+LOG_PATHS: list[Path] = []
+"""Every claimwarden log file of this session, in order of creation: the auditor reads what each
+test appended to them (tests/integration/auditor.py)."""
+
+
+def log_paths() -> list[Path]:
+    return list(LOG_PATHS)
+
 
 def fetch(url: str) -> str | None:
     try:
@@ -29,6 +37,8 @@ class Operator:
     def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        if log_path not in LOG_PATHS:
+            LOG_PATHS.append(log_path)
         self.extra = extra or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness_port = free_port()

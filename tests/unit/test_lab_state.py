@@ -100,3 +100,19 @@ def test_reused_pid_with_another_start_time_is_not_ours() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_restart_repeats_the_recorded_command_line(tmp_path: Path) -> None:
+    from claimwarden.lab.processes import restart, start, stop
+
+    first = start("sleeper", ["sleep", "60"], tmp_path, env={"X": "1"})
+    saved = Process.from_json(first.to_json())
+    assert saved.argv == ["sleep", "60"] and saved.env == {"X": "1"}
+    second = restart(saved)
+    try:
+        assert not is_running(first) and is_running(second)
+        assert second.argv == first.argv and second.pid != first.pid and second.log == first.log
+    finally:
+        stop(second)
+    with pytest.raises(LabError, match="did not record its command line"):
+        restart(Process("old", second.pid, "sleep", "x.log"))

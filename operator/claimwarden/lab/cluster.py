@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from .processes import (
     http_ok,
     is_running,
     port_is_free,
+    restart,
     start,
     stop,
     wait_until,
@@ -29,6 +33,26 @@ from .processes import (
 STATE_FILE = "state.json"
 START_TIMEOUT = 120.0
 Say = Callable[[str], None]
+
+CLAIMWARDEN_USER = "system:serviceaccount:claimwarden-system:claimwarden"
+AUDIT_POLICY = f"""\
+# The lab's apiserver audit policy: every write claimwarden makes, and every eviction by anyone,
+# at Metadata level (who, verb, object, response code; no bodies). Nothing else, so the log stays
+# small and the test suite's auditor reads only what it needs.
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    users: ["{CLAIMWARDEN_USER}"]
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: Metadata
+    verbs: ["create"]
+    resources:
+      - group: ""
+        resources: ["pods/eviction"]
+  - level: None
+"""
 
 
 def default_dir() -> Path:
@@ -75,6 +99,11 @@ class LabState:
     @property
     def kubeconfig(self) -> Path:
         return self.dir / "kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log: JSON lines, one per write by claimwarden and per eviction."""
+        return self.dir / "logs" / "audit.log"
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "api_url": self.api_url, "ports": self.ports,
@@ -165,6 +194,9 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
     pki.write_pki(pki_dir)
     pki.write_kubeconfig(state.kubeconfig, pki_dir, state.api_url)
     gates = [f"--feature-gates={options.feature_gates}"] if options.feature_gates else []
+    policy = directory / "audit" / "policy.yaml"
+    policy.parent.mkdir()
+    policy.write_text(AUDIT_POLICY)
 
     def launch(name: str, argv: list[str]) -> Process:
         proc = start(name, argv, logs)
@@ -196,7 +228,12 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-        "--enable-priority-and-fairness=false", "--profiling=false", "--v=1", *gates, *runtime])
+        "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
+        # Blocking mode writes each entry before the response goes out, so a test sees its writes at
+        # once; 500 MB before rotation is far more than any test session writes.
+        f"--audit-policy-file={policy}", f"--audit-log-path={state.audit_log}", "--audit-log-format=json",
+        "--audit-log-mode=blocking", "--audit-log-maxsize=500", "--audit-log-maxbackup=1",
+        *gates, *runtime])
     ca = str(pki_dir / "ca.crt")
     wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca),
                START_TIMEOUT, [etcd, apiserver])
@@ -257,6 +294,55 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
 def _stop_all(state: LabState) -> None:
     for proc in reversed(state.processes):
         stop(proc)
+
+
+def _process(state: LabState, name: str) -> tuple[int, Process]:
+    for index, proc in enumerate(state.processes):
+        if proc.name == name:
+            return index, proc
+    raise LabError(f"the lab in {state.dir} has no {name} process; run 'claimwarden lab up' first")
+
+
+def restart_apiserver(state: LabState, say: Say = print) -> Process:
+    """Stop kube-apiserver by PID, start it again with exactly the same arguments, wait for /readyz.
+
+    Clients see what they see when a control-plane node restarts: broken watches, then re-lists.
+    """
+    index, old = _process(state, "kube-apiserver")
+    _, etcd = _process(state, "etcd")
+    say(f"restarting kube-apiserver (pid {old.pid})")
+    new = restart(old)
+    state.processes[index] = new
+    state.save()
+    ca = str(state.dir / "pki" / "ca.crt")
+    wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca), START_TIMEOUT, [etcd, new])
+    say(f"kube-apiserver ready again (pid {new.pid})")
+    return new
+
+
+def _etcd_post(state: LabState, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{state.ports['etcd']}{path}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            result: dict[str, Any] = json.loads(response.read())
+            return result
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise LabError(f"etcd's HTTP gateway at {url} failed: {exc}") from None
+
+
+def compact_etcd(state: LabState) -> int:
+    """Compact etcd to its current revision (physically) through its HTTP gateway; return that revision.
+
+    Afterwards a watch or list from any older resourceVersion gets 410 Gone, as on a long-lived cluster.
+    """
+    header = _etcd_post(state, "/v3/kv/range", {"key": base64.b64encode(b"/").decode()}).get("header") or {}
+    revision = int(header.get("revision") or 0)
+    if revision <= 0:
+        raise LabError(f"etcd did not report its current revision (header: {header})")
+    _etcd_post(state, "/v3/kv/compaction", {"revision": revision, "physical": True})
+    return revision
 
 
 def down(directory: Path, say: Say = print) -> None:

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ class Process:
     # process for good, even if the PID is later reused, and unlike the command line it is already
     # final when Popen returns.
     started: int = 0
+    # The command line and the extra environment it was started with, so `restart` repeats it exactly.
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +41,8 @@ class Process:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Process:
         return cls(name=data["name"], pid=int(data["pid"]), binary=data["binary"], log=data["log"],
-                   started=int(data.get("started", 0)))
+                   started=int(data.get("started", 0)), argv=[str(a) for a in data.get("argv", [])],
+                   env={str(k): str(v) for k, v in (data.get("env") or {}).items()})
 
 
 def free_port() -> int:
@@ -89,7 +93,17 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, env={**os.environ, **(env or {})})
-    return Process(name=name, pid=popen.pid, binary=argv[0], log=str(log_path), started=start_time(popen.pid))
+    return Process(name=name, pid=popen.pid, binary=argv[0], log=str(log_path), started=start_time(popen.pid),
+                   argv=list(argv), env=dict(env or {}))
+
+
+def restart(proc: Process) -> Process:
+    """Stop ``proc`` by PID and start it again with the same argv and environment, logging to the same file."""
+    if not proc.argv:
+        raise LabError(f"{proc.name} was started by an older claimwarden that did not record its command "
+                       "line; run 'claimwarden lab down' and 'lab up' again")
+    stop(proc)
+    return start(proc.name, proc.argv, Path(proc.log).parent, proc.env)
 
 
 def stop(proc: Process, grace: float = 15.0) -> None:
