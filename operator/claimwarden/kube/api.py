@@ -6,7 +6,6 @@ handlers), so the planning functions never see client models.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from typing import Any
@@ -15,6 +14,7 @@ from urllib.parse import quote
 from kubernetes.aio import client as aio
 from kubernetes.aio import config as aio_config
 
+from ..timestamps import now_rfc3339
 from .errors import ApiError
 
 FIELD_MANAGER = "claimwarden"
@@ -175,7 +175,7 @@ class Kube:
                                "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
             "type": event_type, "reason": reason, "message": message[:1024],
             "source": {"component": component}, "reportingComponent": component,
-            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1,
+            "firstTimestamp": now_rfc3339(), "lastTimestamp": now_rfc3339(), "count": 1,
         }
         await self._must("POST", _path(CORE, namespace, "events"), body)
 
@@ -187,7 +187,3 @@ def _path(prefix: str, namespace: str, resource: str, name: str = "", subresourc
     if subresource:
         parts.append(subresource)
     return "/".join(parts)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
