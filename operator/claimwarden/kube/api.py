@@ -64,7 +64,7 @@ class Kube:
         if raw.status >= 400:
             if allow_missing and raw.status == 404:
                 return None
-            raise ApiError.from_response(raw.status, text)
+            raise ApiError.from_response(raw.status, text, raw.headers)
         return json.loads(text) if text else {}
 
     async def _must(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Body:
