@@ -250,10 +250,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
-        metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache)))
+        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop.
+        loop = asyncio.get_running_loop()
+        metrics.REGISTRY.register(metrics.ClaimCollector(metrics.on_loop(loop, lambda: _claim_samples(cache))))
         if runtime.health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
-                runtime.health.device_samples, runtime.health.record_effects, runtime.health.pending_evictions))
+                metrics.on_loop(loop, runtime.health.device_samples),
+                metrics.on_loop(loop, runtime.health.record_effects),
+                metrics.on_loop(loop, runtime.health.pending_evictions)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
