@@ -57,6 +57,7 @@ class RunConfig:
     kubeconfig: str | None = None
     namespace: str = "claimwarden-system"
     workers: int = 8
+    request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
     server_version: str = "unknown"
 
 
@@ -231,7 +232,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
     cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES) if name in kwargs})
-    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
+                              request_timeout=CONFIG.request_timeout)
     runtime = Runtime(cache=cache, kube=kube)
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)

@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
     run.add_argument("--namespace", default="claimwarden-system",
                      help="namespace for claimwarden's own objects, e.g. quarantine claims (default: %(default)s)")
+    run.add_argument("--request-timeout", type=float, default=30.0,
+                     help="seconds one API request (write or point read) may take in all (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -75,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.metrics_address = args.metrics_address
     app.CONFIG.metrics_port = args.metrics_port
     app.CONFIG.namespace = args.namespace
+    app.CONFIG.request_timeout = args.request_timeout
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:
