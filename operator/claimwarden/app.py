@@ -65,6 +65,7 @@ class RunConfig:
     kubeconfig: str | None = None
     namespace: str = "claimwarden-system"
     workers: int = 8
+    request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
     server_version: str = "unknown"
     resync_seconds: float = 300.0
 
@@ -253,7 +254,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
     cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES) if name in kwargs})
-    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
+                              request_timeout=CONFIG.request_timeout)
     runtime = Runtime(cache=cache, kube=kube)
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)
@@ -272,10 +274,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
-        metrics.REGISTRY.register(metrics.ClaimCollector(lambda: _claim_samples(cache, CONFIG.namespace)))
+        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop.
+        loop = asyncio.get_running_loop()
+        metrics.REGISTRY.register(metrics.ClaimCollector(
+            metrics.on_loop(loop, lambda: _claim_samples(cache, CONFIG.namespace))))
         if runtime.health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
-                runtime.health.device_samples, runtime.health.record_effects, runtime.health.pending_evictions))
+                metrics.on_loop(loop, runtime.health.device_samples),
+                metrics.on_loop(loop, runtime.health.record_effects),
+                metrics.on_loop(loop, runtime.health.pending_evictions)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resync-period", type=_seconds, default=300.0,
                      help="seconds between full resyncs, which also forget objects deleted while a watch was "
                           "down (default: %(default)s)")
+    run.add_argument("--request-timeout", type=float, default=30.0,
+                     help="seconds one API request (write or point read) may take in all (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -94,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.metrics_port = args.metrics_port
     app.CONFIG.namespace = args.namespace
     app.CONFIG.resync_seconds = args.resync_period
+    app.CONFIG.request_timeout = args.request_timeout
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:

@@ -2,13 +2,24 @@
 
 Names are ``claimwarden_*`` in base units; no per-pod or per-claim labels (kube-state-metrics owns
 per-object series).
+
+The gauges are computed at scrape time from Kopf's indices, which the operator's event loop
+changes as events arrive. prometheus_client serves scrapes from its own thread, so iterating an
+index there can fail with "dictionary changed size during iteration". Every such callback is
+therefore wrapped with `on_loop`: the scrape thread hands it to the event loop and waits (at most
+`SCRAPE_TIMEOUT` seconds); a gauge that cannot be computed in time is left out of that scrape and
+counted in ``claimwarden_scrape_errors_total``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import version
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -16,6 +27,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
+
+log = logging.getLogger("claimwarden.metrics")
+T = TypeVar("T")
+# Per callback; a collector makes at most three calls, so a stuck loop still answers within
+# Prometheus' default 10 s scrape timeout.
+SCRAPE_TIMEOUT = 3.0
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -47,10 +64,60 @@ DEALLOCATIONS = Counter("claimwarden_deallocations_total", "Claims whose allocat
 CLAIM_DELETIONS = Counter("claimwarden_claim_deletions_total", "Generated claims deleted because their pod "
                           "finished.", registry=REGISTRY)
 EVICTIONS = Counter("claimwarden_evictions_total", "Eviction attempts for pods on unhealthy devices, by result "
-                    "(evicted, pdb_blocked, gone, error).", ["result"], registry=REGISTRY)
+                    "(evicted, pdb_blocked, throttled, gone, error).", ["result"], registry=REGISTRY)
 EVICTION_LATENCY = Histogram("claimwarden_eviction_latency_seconds", "Time from a device being marked unhealthy "
                              "to one of its pods being evicted.", registry=REGISTRY,
                              buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
+SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
+                        "did not compute them in time or computing them failed.", registry=REGISTRY)
+
+
+class ScrapeFailed(Exception):
+    """A gauge's callback did not complete on the event loop; the collector leaves the gauge out."""
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], *,
+            timeout: float = SCRAPE_TIMEOUT) -> Callable[[], T]:
+    """Wrap ``fn`` so that calling the result from any thread runs ``fn`` on ``loop`` and returns its value.
+
+    Raises ScrapeFailed (and counts a scrape error) when the loop does not run it within ``timeout``
+    seconds, is closed, or ``fn`` raises. Called on the loop's own thread, ``fn`` runs directly.
+    """
+
+    def call() -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # the scrape gave up waiting
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError as exc:  # the loop is closed: the operator is shutting down
+            why = str(exc)
+        else:
+            try:
+                return future.result(timeout)
+            except TimeoutError:
+                future.cancel()
+                why = f"the event loop did not answer within {timeout:g} s"
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+        SCRAPE_ERRORS.inc()
+        log.warning("metrics: %s left out of this scrape: %s", getattr(fn, "__name__", "a gauge"), why)
+        raise ScrapeFailed(why)
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -67,6 +134,10 @@ class ClaimCollector(Collector):
         self._claims = claims
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        try:
+            claims = list(self._claims())
+        except ScrapeFailed:
+            return
         by_state = GaugeMetricFamily("claimwarden_resource_claims", "ResourceClaims by state (pending, "
                                      "allocated, reserved) and source (resource_claim_template, "
                                      "extended_resource, user, quarantine).", labels=["state", "source"])
@@ -74,7 +145,7 @@ class ClaimCollector(Collector):
                                  "the 256 status.reservedFor entries in use.")
         counts: dict[tuple[str, str], int] = {}
         near_limit = 0
-        for sample in self._claims():
+        for sample in claims:
             counts[(sample.state, sample.source)] = counts.get((sample.state, sample.source), 0) + 1
             near_limit += sample.near_limit
         for (state, source), count in sorted(counts.items()):
@@ -103,28 +174,44 @@ class DeviceCollector(Collector):
         self._pending = pending
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        by_state = GaugeMetricFamily("claimwarden_devices", "Devices the ResourceSlices publish, by driver and "
-                                     "state (free, allocated, tainted: marked unhealthy with NoExecute or "
-                                     "NoSchedule).", labels=["driver", "state"])
-        counts: dict[tuple[str, str], int] = {}
-        for sample in self._devices():
-            counts[(sample.driver, sample.state)] = counts.get((sample.driver, sample.state), 0) + 1
-        for (driver, state), count in sorted(counts.items()):
-            by_state.add_metric([driver, state], count)
-        marked = GaugeMetricFamily("claimwarden_unhealthy_devices", "UnhealthyDevice records by effect.",
-                                   labels=["effect"])
-        effects: dict[str, int] = {"NoExecute": 0, "NoSchedule": 0, "None": 0}
-        for effect in self._records():
-            effects[effect] = effects.get(effect, 0) + 1
-        for effect, count in sorted(effects.items()):
-            marked.add_metric([effect], count)
-        pending = GaugeMetricFamily("claimwarden_eviction_pending_pods", "Pods still on a device marked "
-                                    "unhealthy with NoExecute, waiting to be evicted (for example blocked by a "
-                                    "PodDisruptionBudget).")
-        pending.add_metric([], self._pending())
-        yield by_state
-        yield marked
-        yield pending
+        """Each gauge on its own: one that cannot be computed now is left out, the others are served."""
+        try:
+            devices = list(self._devices())
+        except ScrapeFailed:
+            pass
+        else:
+            by_state = GaugeMetricFamily("claimwarden_devices", "Devices the ResourceSlices publish, by driver "
+                                         "and state (free, allocated, tainted: marked unhealthy with NoExecute "
+                                         "or NoSchedule).", labels=["driver", "state"])
+            counts: dict[tuple[str, str], int] = {}
+            for sample in devices:
+                counts[(sample.driver, sample.state)] = counts.get((sample.driver, sample.state), 0) + 1
+            for (driver, state), count in sorted(counts.items()):
+                by_state.add_metric([driver, state], count)
+            yield by_state
+        try:
+            records = list(self._records())
+        except ScrapeFailed:
+            pass
+        else:
+            marked = GaugeMetricFamily("claimwarden_unhealthy_devices", "UnhealthyDevice records by effect.",
+                                       labels=["effect"])
+            effects: dict[str, int] = {"NoExecute": 0, "NoSchedule": 0, "None": 0}
+            for effect in records:
+                effects[effect] = effects.get(effect, 0) + 1
+            for effect, count in sorted(effects.items()):
+                marked.add_metric([effect], count)
+            yield marked
+        try:
+            pending_pods = self._pending()
+        except ScrapeFailed:
+            pass
+        else:
+            pending = GaugeMetricFamily("claimwarden_eviction_pending_pods", "Pods still on a device marked "
+                                        "unhealthy with NoExecute, waiting to be evicted (for example blocked by "
+                                        "a PodDisruptionBudget).")
+            pending.add_metric([], pending_pods)
+            yield pending
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []

@@ -106,6 +106,8 @@ class WorkQueue:
         return key
 
     def done(self, key: Hashable) -> None:
+        if key not in self._processing:  # a second done() must not queue the key again
+            return
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.put_nowait(key)
@@ -146,9 +148,6 @@ async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
         started = time.monotonic()
         try:
             await reconcile(key)
-        except asyncio.CancelledError:
-            queue.done(key)
-            raise
         except Requeue as again:
             metrics.RECONCILE_TOTAL.labels(queue.name, "requeue").inc()
             queue.forget(key)
@@ -161,7 +160,7 @@ async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
         else:
             metrics.RECONCILE_TOTAL.labels(queue.name, "success").inc()
             queue.forget(key)
-        finally:
+        finally:  # also on cancellation: exactly one done() per get(), or the key is queued twice
             duration.observe(time.monotonic() - started)
             queue.done(key)
 

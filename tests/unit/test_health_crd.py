@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,6 @@ def test_spec_required_fields(schema: dict[str, Any]) -> None:
 def test_spec_field_constraints(schema: dict[str, Any]) -> None:
     props = schema["properties"]["spec"]["properties"]
     assert props["driver"]["maxLength"] == 63
-    assert "pattern" in props["driver"]
     assert props["pool"]["maxLength"] == 253
     assert props["pool"]["minLength"] == 1
     assert props["device"]["pattern"] == "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -89,7 +89,7 @@ def test_effect_enum_and_default(schema: dict[str, Any]) -> None:
 @pytest.mark.parametrize("field", ["driver", "pool", "device"])
 def test_device_identity_is_immutable(schema: dict[str, Any], field: str) -> None:
     rules = schema["properties"]["spec"]["properties"][field]["x-kubernetes-validations"]
-    assert [rule["rule"] for rule in rules] == ["self == oldSelf"]
+    assert [rule["rule"] for rule in rules].count("self == oldSelf") == 1
 
 
 def test_status_fields(schema: dict[str, Any]) -> None:
@@ -127,3 +127,76 @@ def test_printer_columns(version: dict[str, Any]) -> None:
     assert columns["Evicted"]["jsonPath"] == ".status.podsEvicted"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert all("priority" not in column for name, column in columns.items() if name != "Driver")
+
+
+def _accepts(schema: dict[str, Any], field: str, value: str) -> bool:
+    """What the API server decides for ``value``: length, pattern and the CEL ``matches`` rules.
+
+    The CEL rules here are plain ``self.matches('<RE2>')`` calls whose expressions mean the same in
+    Python's ``re``; the lab test (tests/integration/test_health_crd_validation.py) checks the real server.
+    """
+    prop = schema["properties"]["spec"]["properties"][field]
+    if not prop.get("minLength", 0) <= len(value) <= prop["maxLength"]:
+        return False
+    patterns = [prop["pattern"]] if "pattern" in prop else []
+    for rule in prop.get("x-kubernetes-validations") or []:
+        if rule["rule"] != "self == oldSelf":
+            found = re.fullmatch(r"self\.matches\('([^']*)'\)", rule["rule"])
+            assert found, f"unexpected rule on {field}: {rule['rule']}"
+            assert rule["message"], "every rule says what is wrong in words"
+            patterns.append(found.group(1))
+    # RE2's '$' matches only at the very end; Python's also before a final newline.
+    return all(re.search(re.sub(r"\$$", r"\\Z", pattern), value) for pattern in patterns)
+
+
+SUBDOMAIN_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])  # 253 characters
+
+
+@pytest.mark.parametrize(("pool", "valid"), [
+    ("node-1", True),
+    ("gpu.example.com", True),
+    ("worker-1/gpus", True),
+    ("cluster.local/rack-7/node-1", True),
+    ("a", True),
+    (SUBDOMAIN_253, True),
+    (SUBDOMAIN_253 + "e", False),  # 254 characters
+    ("Node-1", False),
+    ("node_1", False),
+    ("-node", False),
+    ("node-", False),
+    ("node..1", False),
+    ("node/", False),
+    ("/node", False),
+    ("a//b", False),
+    ("node 1", False),
+    ("node-1\n", False),
+])
+def test_pool_follows_upstream_pool_name_rule(schema: dict[str, Any], pool: str, valid: bool) -> None:
+    """validatePoolName: one or more DNS subdomains separated by '/', at most 253 characters in all."""
+    assert _accepts(schema, "pool", pool) is valid
+
+
+@pytest.mark.parametrize(("driver", "valid"), [
+    ("gpu.example.com", True),
+    ("GPU.Example.com", True),  # upstream lower-cases a driver name before checking it
+    ("d" * 63, True),
+    ("d" * 64, False),
+    ("gpu_example.com", False),
+    ("gpu.example.com.", False),
+    ("gpu/example", False),
+    ("", False),
+])
+def test_driver_is_a_dns_subdomain_of_at_most_63(schema: dict[str, Any], driver: str, valid: bool) -> None:
+    assert _accepts(schema, "driver", driver) is valid
+
+
+@pytest.mark.parametrize(("device", "valid"), [
+    ("gpu-0", True),
+    ("d" * 63, True),
+    ("d" * 64, False),
+    ("gpu.0", False),
+    ("GPU-0", False),
+    ("gpu-0\n", False),
+])
+def test_device_is_a_dns_label(schema: dict[str, Any], device: str, valid: bool) -> None:
+    assert _accepts(schema, "device", device) is valid

@@ -125,3 +125,28 @@ def test_a_known_condition_is_logged_without_a_traceback_and_a_bug_with_one(
         asyncio.run(scenario())
     (record,) = [r for r in caplog.records if "reconciling" in r.getMessage()]
     assert bool(record.exc_info) is traceback
+
+
+def test_a_cancelled_reconcile_requeues_a_key_added_meanwhile_exactly_once() -> None:
+    """Cancelling a worker mid-reconcile must not queue the key twice (two workers on one key)."""
+
+    async def scenario() -> None:
+        queue = WorkQueue("test-cancel")
+        started = asyncio.Event()
+
+        async def reconcile(key: Hashable) -> None:
+            started.set()
+            await asyncio.sleep(10)
+
+        queue.add("a")
+        worker = asyncio.create_task(run_workers(queue, reconcile, 1))
+        await started.wait()
+        queue.add("a")  # an event arrives while the worker holds the key
+        worker.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await worker
+        assert len(queue) == 1
+        assert await queue.get() == "a"
+        assert len(queue) == 0, "the key was queued a second time"
+
+    asyncio.run(scenario())

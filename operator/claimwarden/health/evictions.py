@@ -70,8 +70,13 @@ class Evictions:
         try:
             await self.kube.evict_pod(namespace, pod_name, uid)
         except ApiError as exc:
-            if exc.too_many_requests:
+            if exc.disruption_budget:
                 raise await self._blocked(key, pod, ref, exc) from None
+            if exc.throttled:  # API Priority and Fairness shedding load: not the budget, no Event
+                metrics.EVICTIONS.labels("throttled").inc()
+                if exc.retry_after is not None:
+                    raise Requeue(exc.retry_after, "throttled") from None
+                raise  # the queue's own back-off
             self._pdb_attempts.pop(key, None)
             if exc.status in (404, 409):
                 metrics.EVICTIONS.labels("gone").inc()
@@ -119,7 +124,8 @@ class Evictions:
         if attempts == 1:
             await self._post_event(pod, "Warning", EVICTION_BLOCKED,
                                    f"eviction for unhealthy device {ref} is blocked: {exc.message}")
-        return Requeue(min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX), "blocked")
+        delay = min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX)
+        return Requeue(max(delay, exc.retry_after or 0.0), "blocked")
 
     async def _count(self, record: Body) -> None:
         """Store the new count at once: it lives only in memory until the record's status has it."""

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from claimwarden.podclaims import is_being_deleted, metadata, spec
+from claimwarden.timestamps import parse_rfc3339
 
 GROUP = "claimwarden.io"
 VERSION = "v1alpha1"
@@ -44,7 +45,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NOT_NAME_CHAR = re.compile(r"[^a-z0-9.-]")
 _NOT_LABEL_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 @dataclass(frozen=True)
@@ -148,22 +148,12 @@ def is_from_annotation(record: dict[str, Any]) -> bool:
     return record_source(record) == SOURCE_ANNOTATION
 
 
-def parse_rfc3339(text: str) -> datetime | None:
-    """An RFC 3339 timestamp ('Z' or an offset required; 't'/'z' allowed) as an aware datetime, else None."""
-    if not _RFC3339.match(text):
-        return None
-    try:
-        return datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def expiry_error(record: dict[str, Any]) -> str | None:
     """Why spec.expiresAt cannot be used (then the record never expires), or None when it is fine or unset."""
     raw = spec(record).get("expiresAt")
     if raw is None or raw == "":
         return None
-    if not isinstance(raw, str) or parse_rfc3339(raw) is None:
+    if parse_rfc3339(raw) is None:
         return (f"spec.expiresAt {raw!r} is not an RFC 3339 date-time (like 2025-01-31T12:00:00Z); "
                 "the record never expires")
     return None
@@ -172,7 +162,7 @@ def expiry_error(record: dict[str, Any]) -> str | None:
 def expires_at(record: dict[str, Any]) -> datetime | None:
     """The record's parsed spec.expiresAt, or None when unset or unparsable."""
     raw = spec(record).get("expiresAt")
-    return parse_rfc3339(raw) if isinstance(raw, str) else None
+    return parse_rfc3339(raw)
 
 
 def is_expired(record: dict[str, Any], now: datetime) -> bool:

@@ -2,20 +2,35 @@
 
 Bodies go in and come out as plain dicts in the API's JSON shape (the same shape Kopf gives
 handlers), so the planning functions never see client models.
+
+Every request has a total timeout (`REQUEST_TIMEOUT` unless told otherwise): a request that gets
+no complete answer in time raises `ApiTimeout`, an `ApiError` the work queues retry with back-off.
+
+Credentials expire: exec plugins hand out short-lived tokens, bound ServiceAccount tokens die
+with their object, and in a pod the kubelet rotates the token file. ``kubernetes.aio`` re-reads
+the in-cluster token file every minute but never re-runs an exec plugin, so `Kube` reloads the
+credentials itself: shortly before the expiry an exec plugin reported, and once after any 401
+(then the request is sent again, once). Kopf's own watches re-run the login handler on a 401.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import json
-import os
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
 from kubernetes.aio import client as aio
-from kubernetes.aio import config as aio_config
 
-from .errors import ApiError
+from ..timestamps import now_rfc3339
+from .errors import ApiError, ApiTimeout
+from .login import aio_configuration
+
+log = logging.getLogger("claimwarden.kube")
 
 FIELD_MANAGER = "claimwarden"
 JSON_PATCH = "application/json-patch+json"
@@ -25,49 +40,119 @@ METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.i
 Body = dict[str, Any]
 CORE = "/api/v1"
 RESOURCE = "/apis/resource.k8s.io/v1"
+REQUEST_TIMEOUT = 30.0  # seconds, for the whole request: connect, send, wait, read
+CONNECTION_POOL = 32
+
+Credentials = tuple[aio.Configuration, datetime.datetime | None]  # a loaded configuration and its expiry
+Reload = Callable[[], Awaitable[Credentials]]
+
+
+def refresh_due(now: datetime.datetime, loaded_at: datetime.datetime, expires_at: datetime.datetime | None) -> bool:
+    """True when credentials loaded at ``loaded_at`` should be reloaded before they expire.
+
+    A minute ahead, or a fifth of their lifetime ahead when that is shorter, so a token that
+    lives two minutes is not reloaded before every request.
+    """
+    if expires_at is None:
+        return False
+    margin = min(datetime.timedelta(minutes=1), max(expires_at - loaded_at, datetime.timedelta(0)) / 5)
+    return now >= expires_at - margin
 
 
 class Kube:
     """Thin async adapter over ``kubernetes.aio``; one per operator process."""
 
-    def __init__(self, api_client: aio.ApiClient) -> None:
+    def __init__(self, api_client: aio.ApiClient, *, reload: Reload | None = None,
+                 expires_at: datetime.datetime | None = None, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.api_client = api_client
+        self.request_timeout = request_timeout
+        self._reload = reload  # None in unit tests: the credentials are then never reloaded
+        self._loaded_at = _utcnow()
+        self._expires_at = expires_at
+        self._refreshing = asyncio.Lock()
+        self._retired: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None, in_cluster: bool) -> Kube:
-        configuration = aio.Configuration()
-        if in_cluster:
-            aio_config.load_incluster_config(client_configuration=configuration)
-        else:
-            await aio_config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
-                                              client_configuration=configuration)
-        configuration.connection_pool_maxsize = 32
-        return cls(aio.ApiClient(configuration))
+    async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
+                      request_timeout: float = REQUEST_TIMEOUT) -> Kube:
+        async def reload() -> Credentials:
+            configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
+            configuration.connection_pool_maxsize = CONNECTION_POOL
+            return configuration, expires_at
+
+        configuration, expires_at = await reload()
+        return cls(aio.ApiClient(configuration), reload=reload, expires_at=expires_at,
+                   request_timeout=request_timeout)
 
     async def close(self) -> None:
+        for task in self._retired:
+            task.cancel()
+        for task in list(self._retired):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await self.api_client.close()
 
     async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
                       content_type: str = "application/json", allow_missing: bool = False,
                       accept: str = "application/json") -> Body | None:
         """One raw request; bodies stay dicts so no field is lost to a client model."""
+        if self._reload is not None and refresh_due(_utcnow(), self._loaded_at, self._expires_at):
+            await self._refresh(self.api_client, "they expire soon")
+        api_client = self.api_client
+        try:
+            return await self._send(api_client, method, path, body, query, content_type, allow_missing, accept)
+        except ApiError as exc:
+            if exc.status != 401 or self._reload is None:
+                raise
+        # The token was revoked or expired early (e.g. its bound object was deleted): reload once, retry once.
+        await self._refresh(api_client, f"{method} {path} was refused with 401 Unauthorized")
+        return await self._send(self.api_client, method, path, body, query, content_type, allow_missing, accept)
+
+    async def _send(self, api_client: aio.ApiClient, method: str, path: str, body: Any,
+                    query: dict[str, Any] | None, content_type: str, allow_missing: bool,
+                    accept: str) -> Body | None:
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
-        params = await self.api_client.param_serialize(
-            method=method, resource_path=path, query_params=list((query or {}).items()), header_params=headers,
-            body=body, auth_settings=["BearerToken"])
-        response = await self.api_client.call_api(*params, _preload_content=False)
-        raw = response.response
         try:
-            text = await raw.text()
-        finally:
-            raw.release()
+            async with asyncio.timeout(self.request_timeout):
+                params = await api_client.param_serialize(
+                    method=method, resource_path=path, query_params=list((query or {}).items()),
+                    header_params=headers, body=body, auth_settings=["BearerToken"])
+                response = await api_client.call_api(*params, _preload_content=False)
+                raw = response.response
+                try:
+                    text = await raw.text()
+                finally:
+                    raw.release()
+        except TimeoutError:
+            raise ApiTimeout(method, path, self.request_timeout) from None
         if raw.status >= 400:
             if allow_missing and raw.status == 404:
                 return None
-            raise ApiError.from_response(raw.status, text)
+            raise ApiError.from_response(raw.status, text, raw.headers)
         return json.loads(text) if text else {}
+
+    async def _refresh(self, stale: aio.ApiClient, why: str) -> None:
+        """Load the credentials again (re-running an exec plugin) into a new client, once per stale client."""
+        assert self._reload is not None
+        async with self._refreshing:
+            if self.api_client is not stale:
+                return  # another request reloaded them meanwhile
+            configuration, expires_at = await self._reload()
+            self.api_client = aio.ApiClient(configuration)
+            self._loaded_at, self._expires_at = _utcnow(), expires_at
+            log.info("API credentials reloaded: %s", why)
+        # Requests in flight on the old client finish (or time out) before it is closed.
+        task = asyncio.create_task(self._close_later(stale), name="close-stale-api-client")
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def _close_later(self, api_client: aio.ApiClient) -> None:
+        try:
+            await asyncio.sleep(self.request_timeout + 1)
+        finally:
+            await api_client.close()
 
     async def _must(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Body:
         result = await self.request(method, path, body, **kwargs)
@@ -197,7 +282,7 @@ class Kube:
                                "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
             "type": event_type, "reason": reason, "message": message[:1024],
             "source": {"component": component}, "reportingComponent": component,
-            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1,
+            "firstTimestamp": now_rfc3339(), "lastTimestamp": now_rfc3339(), "count": 1,
         }
         await self._must("POST", _path(CORE, namespace, "events"), body)
 
@@ -211,5 +296,5 @@ def _path(prefix: str, namespace: str, resource: str, name: str = "", subresourc
     return "/".join(parts)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)

@@ -1,28 +1,55 @@
-"""API errors as claimwarden's controllers need to tell them apart."""
+"""API errors as claimwarden's controllers need to tell them apart.
+
+Two different refusals share HTTP 429:
+
+- the Eviction API refusing because of a PodDisruptionBudget
+  (``pkg/registry/core/pod/storage/eviction.go``): a Status with reason ``TooManyRequests`` and a
+  cause ``{"reason": "DisruptionBudget"}`` in ``details.causes`` (the Go field ``StatusCause.Type``
+  is serialised as ``reason``), sometimes with ``details.retryAfterSeconds`` while the budget is
+  still being processed;
+- API Priority and Fairness (or max-in-flight) shedding load: a plain-text body "Too many
+  requests, please try again later." with a ``Retry-After`` header, no Status and no cause.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
+
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
 
 
 class ApiError(Exception):
     """A failed API request: HTTP status, the Status reason and message the server gave."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, *, causes: tuple[str, ...] = (),
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes  # details.causes[].reason, e.g. "DisruptionBudget"
+        self.retry_after = retry_after  # seconds, from the Retry-After header or details.retryAfterSeconds
 
     @classmethod
-    def from_response(cls, status: int, text: str) -> ApiError:
+    def from_response(cls, status: int, text: str, headers: Mapping[str, str] | None = None) -> ApiError:
+        retry_after = _seconds((headers or {}).get("Retry-After"))
         try:
             data = json.loads(text)
         except ValueError:
-            return cls(status, "", text[:500])
+            data = None
         if not isinstance(data, dict):
-            return cls(status, "", text[:500])
-        return cls(status, str(data.get("reason", "")), str(data.get("message", "")))
+            return cls(status, "", text.strip()[:500], retry_after=retry_after)
+        details = data.get("details")
+        if not isinstance(details, dict):
+            details = {}
+        causes = tuple(str(c.get("reason") or c.get("type") or "") for c in details.get("causes") or []
+                       if isinstance(c, dict))
+        if retry_after is None:
+            retry_after = _seconds(details.get("retryAfterSeconds"))
+        return cls(status, str(data.get("reason", "")), str(data.get("message", "")), causes=causes,
+                   retry_after=retry_after)
 
     @property
     def not_found(self) -> bool:
@@ -34,4 +61,31 @@ class ApiError(Exception):
 
     @property
     def too_many_requests(self) -> bool:
+        """Any 429: a PodDisruptionBudget refusal or throttling; tell them apart with the two below."""
         return self.status == 429
+
+    @property
+    def disruption_budget(self) -> bool:
+        """An eviction refused because a PodDisruptionBudget allows no disruption now."""
+        return self.status == 429 and DISRUPTION_BUDGET_CAUSE in self.causes
+
+    @property
+    def throttled(self) -> bool:
+        """A 429 that is not about a budget: the API server shedding load (API Priority and Fairness)."""
+        return self.status == 429 and not self.disruption_budget
+
+
+class ApiTimeout(ApiError):
+    """No complete answer within the request timeout; retried like any other API error."""
+
+    def __init__(self, method: str, path: str, timeout: float) -> None:
+        super().__init__(0, "Timeout", f"{method} {path}: no answer within {timeout:g} s")
+
+
+def _seconds(value: Any) -> float | None:
+    """Retry-After as delay-seconds (the HTTP-date form is not used by kube-apiserver)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds >= 0 else None

@@ -1,9 +1,19 @@
-"""Credentials for Kopf, from the official client's loaders (kubeconfig with exec plugins, or in-cluster)."""
+"""Credentials from the official client's loaders (kubeconfig with exec plugins, or in-cluster).
+
+Kopf calls the login handler again whenever the API answers 401, and `client_configuration`
+loads the kubeconfig afresh each time, so an exec plugin runs again and a rotated token file is
+read again. The asyncio client (kube/api.py) reloads through `aio_configuration`.
+"""
 
 from __future__ import annotations
 
+import datetime
+import os
+
 import kopf
 from kubernetes import client, config
+from kubernetes.aio import client as aio
+from kubernetes.aio import config as aio_config
 
 
 def client_configuration(kubeconfig: str | None, in_cluster: bool) -> client.Configuration:
@@ -15,6 +25,22 @@ def client_configuration(kubeconfig: str | None, in_cluster: bool) -> client.Con
         config.load_kube_config(config_file=kubeconfig or config.KUBE_CONFIG_DEFAULT_LOCATION,
                                 client_configuration=configuration)
     return configuration
+
+
+async def aio_configuration(kubeconfig: str | None, in_cluster: bool) -> tuple[aio.Configuration,
+                                                                             datetime.datetime | None]:
+    """A freshly loaded asyncio client Configuration and when its credentials expire, if an exec plugin said.
+
+    In a pod the loader's own hook re-reads the token file every minute, so no expiry is reported.
+    """
+    configuration = aio.Configuration()
+    if in_cluster:
+        aio_config.load_incluster_config(client_configuration=configuration)
+        return configuration, None
+    loader = await aio_config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
+                                               client_configuration=configuration, persist_config=False)
+    expiry = getattr(loader, "exec_plugin_expiry", None)
+    return configuration, expiry if isinstance(expiry, datetime.datetime) and expiry.tzinfo else None
 
 
 def connection_info(configuration: client.Configuration, trust_env: bool) -> kopf.ConnectionInfo:
