@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
-from kopf._core.engines.indexing import OperatorIndexers  # passed to kopf.run(indexers=...): see staleness.py
+
+# Passed to kopf.run(indexers=..., memories=...), so that staleness.py can forget deleted objects.
+from kopf._core.engines.indexing import OperatorIndexers
+from kopf._core.reactor.inventory import ResourceMemories
 from kubernetes import client as sync_client
 
 from . import __version__, metrics, projections, staleness
@@ -49,7 +52,7 @@ TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
-               "claims_by_device", "templates_by_name")
+               "claims_by_device", "claims_by_record", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
 FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
 DRAIN_SECONDS = 10.0  # on SIGTERM, time for workers to finish their current key (well within the pod's 30 s)
@@ -89,6 +92,14 @@ class Runtime:
 
 
 CONFIG = RunConfig()
+
+
+@dataclass(frozen=True)
+class KopfState:
+    """Kopf's own stores of watched objects, created here and handed to kopf.run (see staleness.py)."""
+
+    indexers: OperatorIndexers = field(default_factory=OperatorIndexers)
+    memories: ResourceMemories = field(default_factory=ResourceMemories)
 
 
 def in_cluster() -> bool:
@@ -146,6 +157,13 @@ async def claims_by_device(namespace: str | None, name: str, body: kopf.Body, **
     """(driver, pool, device) -> (namespace, name): which claims hold this device?"""
     devices = allocated_devices(dict(body))
     return {device: (namespace or "", name) for device in devices} or None
+
+
+@kopf.index(*CLAIMS)
+async def claims_by_record(namespace: str | None, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, record label) -> claim name: which quarantine claims does this record have?"""
+    label = labels.get(records.RECORD_LABEL)
+    return {(namespace or "", label): name} if label else None
 
 
 @kopf.index(*TEMPLATES)
@@ -270,7 +288,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
                                                       else None)
         runtime.start_workers(runtime.reservations.queue, runtime.reservations.reconcile)
-    runtime.background.append(asyncio.create_task(_resync(runtime, memo.indexers), name="resync"))
+    runtime.background.append(asyncio.create_task(_resync(runtime, memo.kopf_state), name="resync"))
     memo.runtime = runtime
 
     if "metrics" in CONFIG.controllers:
@@ -287,7 +305,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
-async def _resync(runtime: Runtime, indexers: OperatorIndexers) -> None:
+async def _resync(runtime: Runtime, kopf_state: KopfState) -> None:
     """Every few minutes look at everything again, so nothing depends on a single event.
 
     First forget what was deleted while a watch was down (staleness.py), then queue every key.
@@ -296,8 +314,9 @@ async def _resync(runtime: Runtime, indexers: OperatorIndexers) -> None:
     while True:
         await asyncio.sleep(delay)
         delay = CONFIG.resync_seconds
+        forget = _forgetter(kopf_state.indexers, kopf_state.memories)
         try:
-            for gone in await staleness.prune_stale(runtime.kube, runtime.cache, _discarder(indexers)):
+            for gone in await staleness.prune_stale(runtime.kube, runtime.cache, forget):
                 if runtime.claims and gone.get("kind") == "Pod":
                     runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
         except Exception as exc:
@@ -317,11 +336,14 @@ async def _resync(runtime: Runtime, indexers: OperatorIndexers) -> None:
                 log.warning("releasing orphaned quarantine claims failed: %s", exc)
 
 
-def _discarder(indexers: OperatorIndexers) -> Callable[[dict[str, Any]], None]:
-    """Forget one object in every Kopf index (only its metadata's namespace, name and uid are read)."""
-    def discard(body: dict[str, Any]) -> None:
+def _forgetter(indexers: OperatorIndexers,
+               memories: ResourceMemories) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """Forget one object as Kopf does on its DELETED event: in every index and in Kopf's per-object memory
+    (only the object's metadata namespace, name and uid are read)."""
+    async def forget(body: dict[str, Any]) -> None:
         indexers.discard(cast(kopf.Body, body))
-    return discard
+        await memories.forget(cast(kopf.RawBody, body))
+    return forget
 
 
 def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:

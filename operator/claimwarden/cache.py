@@ -63,6 +63,7 @@ class Cache:
         self._claims = indices["claims_by_name"]
         self._claims_by_owner = indices["claims_by_owner"]
         self._claims_by_device = indices["claims_by_device"]
+        self._claims_by_record = indices["claims_by_record"]
         self._templates = indices["templates_by_name"]
         # Only indexed when the health controller runs. (Not `or {}`: an index that is still empty
         # is falsy, and the live index must be kept.)
@@ -99,6 +100,24 @@ class Cache:
             if claim is not None and device in allocated_devices(claim):
                 found.append(claim)
         return found
+
+    def claims_labelled_for_record(self, namespace: str) -> dict[str, list[Body]]:
+        """Record label value -> the claims in `namespace` carrying it (quarantine claims when `namespace`
+        is claimwarden's own)."""
+        found: dict[str, list[Body]] = {}
+        for key in list(self._claims_by_record):
+            if not isinstance(key, tuple) or key[0] != namespace:
+                continue
+            claims = [c for name in sorted(set(_all(self._claims_by_record, key)))
+                      if (c := self.claim(namespace, name)) is not None]
+            if claims:
+                found[str(key[1])] = claims
+        return found
+
+    def claims_for_record(self, namespace: str, label: str) -> list[Body]:
+        """The claims in `namespace` labelled for the record whose label value is `label`."""
+        claims = [self.claim(namespace, name) for name in sorted(set(_all(self._claims_by_record, (namespace, label))))]
+        return [c for c in claims if c is not None]
 
     def pods_using_claim(self, namespace: str, claim_name: str) -> list[str]:
         return sorted(set(_all(self._pods_by_claim, (namespace, claim_name))))

@@ -114,9 +114,9 @@ def _run(args: argparse.Namespace) -> int:
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
         app.register_health_handlers()
-    indexers = app.OperatorIndexers()
-    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=indexers,
-             memo=kopf.Memo(indexers=indexers))
+    kopf_state = app.KopfState()
+    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
+             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state))
     return 0
 
 

@@ -12,7 +12,7 @@ that read confirms it is gone, or replaced under another UID, is it discarded fr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from .cache import Body, Cache
@@ -49,8 +49,8 @@ def is_confirmed_gone(indexed: Body, fresh: Body | None) -> bool:
     return fresh is None or metadata(fresh).get("uid") != metadata(indexed).get("uid")
 
 
-async def prune_stale(kube: Kube, cache: Cache, discard: Callable[[Body], None]) -> list[Body]:
-    """Discard every indexed object that is confirmed gone; return them."""
+async def prune_stale(kube: Kube, cache: Cache, forget: Callable[[Body], Awaitable[None]]) -> list[Body]:
+    """Forget every indexed object that is confirmed gone; return them."""
     pruned: list[Body] = []
     for name, objects in cache.indexed().items():
         if not objects:
@@ -62,7 +62,7 @@ async def prune_stale(kube: Kube, cache: Cache, discard: Callable[[Body], None])
             fresh = await kube.get_object(kind.api, kind.plural, str(meta.get("name") or ""),
                                           namespace=str(meta.get("namespace") or "") if kind.namespaced else None)
             if is_confirmed_gone(obj, fresh):
-                discard(obj)
+                await forget(obj)
                 pruned.append(obj)
                 log.info("forgot %s %s/%s (uid %s): deleted while a watch was down", name,
                          meta.get("namespace") or "", meta.get("name"), meta.get("uid"))

@@ -22,7 +22,7 @@ def obj(name: str, uid: str, *, namespace: str = "ns", created: str = "2026-01-0
 
 def cache(**indices: FakeIndex) -> Cache:
     names = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
-             "claims_by_device", "templates_by_name")
+             "claims_by_device", "claims_by_record", "templates_by_name")
     return Cache({name: indices.get(name, FakeIndex()) for name in names})
 
 
@@ -63,3 +63,11 @@ def test_confirmed_gone_when_the_fresh_read_finds_nothing_or_another_uid() -> No
     assert is_confirmed_gone(indexed, None)
     assert is_confirmed_gone(indexed, obj("a", "other"))
     assert not is_confirmed_gone(indexed, obj("a", "a-uid"))
+
+
+def test_record_claims_are_only_those_in_the_given_namespace() -> None:
+    own, users = obj("q-1", "q-uid", namespace="claimwarden-system"), obj("mine", "m-uid")
+    view = cache(claims_by_name=FakeIndex({("claimwarden-system", "q-1"): [own], ("ns", "mine"): [users]}),
+                 claims_by_record=FakeIndex({("claimwarden-system", "rec"): ["q-1"], ("ns", "rec"): ["mine"]}))
+    assert view.claims_labelled_for_record("claimwarden-system") == {"rec": [own]}
+    assert view.claims_for_record("claimwarden-system", "rec") == [own]

@@ -32,13 +32,7 @@ class Quarantine:
 
     def claims_of(self, record_name: str) -> list[Body]:
         """The record's quarantine claims, oldest name first."""
-        label = records.label_value(record_name)
-        found = [c for c in self._all_claims()
-                 if (c["metadata"].get("labels") or {}).get(records.RECORD_LABEL) == label]
-        return sorted(found, key=lambda c: c["metadata"]["name"])
-
-    def _all_claims(self) -> list[Body]:
-        return [c for c in self.cache.claims() if plan.is_quarantine_claim(c, self.namespace)]
+        return self.cache.claims_for_record(self.namespace, records.label_value(record_name))
 
     async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, reassert: bool) -> list[str]:
         """Keep the device held by exactly one allocated quarantine claim; return its name.
@@ -94,18 +88,14 @@ class Quarantine:
         Decided on a live list of the records, not the index: this runs beside the watches and
         must never free a device because an index was not filled yet.
         """
-        candidates = self._all_claims()
+        candidates = self.cache.claims_labelled_for_record(self.namespace)
         if not candidates:
             return
         listing = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
         live = {records.label_value(r["metadata"]["name"]) for r in listing}
-        by_record: dict[str, list[Body]] = {}
-        for claim in candidates:
-            label = claim["metadata"]["labels"][records.RECORD_LABEL]
+        for label, claims in sorted(candidates.items()):
             if label not in live:
-                by_record.setdefault(label, []).append(claim)
-        for claims in by_record.values():
-            await self.release(sorted(claims, key=lambda c: c["metadata"]["name"]))
+                await self.release(claims)
 
     async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> None:
         node = node or plan.slice_node(self.cache.resource_slices(), ref)
