@@ -30,6 +30,7 @@ from .health.controller import HealthController
 from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
+from .leader.elector import ElectionSettings, Elector
 from .podclaims import (
     allocated_devices,
     claim_source,
@@ -71,6 +72,7 @@ class RunConfig:
     request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
     server_version: str = "unknown"
     resync_seconds: float = 300.0
+    election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
 
 
 @dataclass
@@ -79,16 +81,28 @@ class Runtime:
 
     cache: Cache
     kube: Kube
+    kopf_state: KopfState | None = None  # None only in tests that start no Kopf
     claims: ClaimsController | None = None
     reservations: ReservationsController | None = None
     health: HealthController | None = None
+    elector: Elector | None = None
+    leading: bool = False
+    """Only the leader's events reach the queues, and only the leader's workers run."""
+    loops: list[tuple[WorkQueue, Reconcile]] = field(default_factory=list)
     queues: list[WorkQueue] = field(default_factory=list)
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     background: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def start_workers(self, queue: WorkQueue, reconcile: Reconcile) -> None:
-        self.queues.append(queue)
-        self.workers.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
+    def add_loop(self, queue: WorkQueue, reconcile: Reconcile) -> None:
+        self.loops.append((queue, reconcile))
+
+    async def lead(self) -> None:
+        """Start the workers and the resync (whose first round queues everything: a takeover converges)."""
+        self.leading = True
+        for queue, reconcile in self.loops:
+            self.queues.append(queue)
+            self.workers.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
+        self.background.append(asyncio.create_task(_resync(self, self.kopf_state), name="resync"))
 
 
 CONFIG = RunConfig()
@@ -182,11 +196,17 @@ async def records_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any
 
 # --- events -> queues -----------------------------------------------------------------------
 
+def _leading(memo: kopf.Memo) -> Runtime | None:
+    """The runtime, once this replica leads; a standby's handlers queue nothing (its indices stay warm)."""
+    runtime: Runtime | None = memo.get("runtime")
+    return runtime if runtime is not None and runtime.leading else None
+
+
 @kopf.on.event(*PODS)
 async def pod_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                     **_: Any) -> None:
     namespace = namespace or ""
-    runtime: Runtime | None = memo.get("runtime")
+    runtime = _leading(memo)
     if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
         return
     if runtime.claims:
@@ -207,7 +227,7 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
 async def claim_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                       **_: Any) -> None:
     namespace = namespace or ""
-    runtime: Runtime | None = memo.get("runtime")
+    runtime = _leading(memo)
     if runtime is None:
         return
     if runtime.reservations:
@@ -225,13 +245,13 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
 
 
 async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
-    runtime: Runtime | None = memo.get("runtime")
+    runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
         runtime.health.enqueue_slice(name)
 
 
 async def record_event(name: str, memo: kopf.Memo, **_: Any) -> None:
-    runtime: Runtime | None = memo.get("runtime")
+    runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
         runtime.health.enqueue_record(name)
 
@@ -248,7 +268,7 @@ def register_health_handlers() -> None:
 async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Unlike upstream, a template that appears after its pods is noticed at once."""
     namespace = namespace or ""
-    runtime: Runtime | None = memo.get("runtime")
+    runtime = _leading(memo)
     if runtime is None or runtime.claims is None:
         return
     for pod in runtime.cache.pods_using_template(namespace, name):
@@ -272,40 +292,58 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
     cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES) if name in kwargs})
+    identity = CONFIG.election.identity if CONFIG.election else "standalone"
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
-                              request_timeout=CONFIG.request_timeout)
-    runtime = Runtime(cache=cache, kube=kube)
+                              request_timeout=CONFIG.request_timeout,
+                              user_agent=f"claimwarden/{__version__} ({identity})")
+    runtime = Runtime(cache=cache, kube=kube, kopf_state=memo.kopf_state)
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)
-        runtime.start_workers(runtime.claims.queue, runtime.claims.reconcile)
+        runtime.add_loop(runtime.claims.queue, runtime.claims.reconcile)
     if "health" in CONFIG.controllers:
         runtime.health = HealthController(cache, kube, CONFIG.namespace)
         for queue, reconcile in ((runtime.health.slice_queue, runtime.health.marks.reconcile),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.evictions.reconcile)):
-            runtime.start_workers(queue, reconcile)
+            runtime.add_loop(queue, reconcile)
     if "reservations" in CONFIG.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
                                                       else None)
-        runtime.start_workers(runtime.reservations.queue, runtime.reservations.reconcile)
-    runtime.background.append(asyncio.create_task(_resync(runtime, memo.kopf_state), name="resync"))
+        runtime.add_loop(runtime.reservations.queue, runtime.reservations.reconcile)
     memo.runtime = runtime
+    if CONFIG.election is None:
+        metrics.LEADER.set(1)
+        await runtime.lead()
+    else:
+        runtime.elector = Elector(kube, CONFIG.election, on_started=runtime.lead, on_lost=_lost_lease)
+        kube.may_write = runtime.elector.holds_lease
+        runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
     if "metrics" in CONFIG.controllers:
         # Scrapes run in prometheus_client's thread; the indices may only be read on this loop.
         loop = asyncio.get_running_loop()
+        # The cluster's state is reported by the leader only, so that sums over replicas stay true.
         metrics.REGISTRY.register(metrics.ClaimCollector(
-            metrics.on_loop(loop, lambda: _claim_samples(cache, CONFIG.namespace))))
-        if runtime.health is not None:
+            metrics.on_loop(loop, lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
+        health = runtime.health
+        if health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
-                metrics.on_loop(loop, runtime.health.device_samples),
-                metrics.on_loop(loop, runtime.health.record_effects),
-                metrics.on_loop(loop, runtime.health.pending_evictions)))
+                metrics.on_loop(loop, lambda: health.device_samples() if runtime.leading else []),
+                metrics.on_loop(loop, lambda: health.record_effects() if runtime.leading else []),
+                metrics.on_loop(loop, lambda: health.pending_evictions() if runtime.leading else 0)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
-async def _resync(runtime: Runtime, kopf_state: KopfState) -> None:
+def _lost_lease() -> None:
+    """Stop at once, as client-go's controllers do: the writes in flight are fenced, the kubelet restarts
+    this process as a standby."""
+    log.critical("the leader lease was lost; exiting so that the kubelet restarts claimwarden as a standby")
+    logging.shutdown()
+    os._exit(1)
+
+
+async def _resync(runtime: Runtime, kopf_state: KopfState | None) -> None:
     """Every few minutes look at everything again, so nothing depends on a single event.
 
     First forget what was deleted while a watch was down (staleness.py), then queue every key.
@@ -314,13 +352,14 @@ async def _resync(runtime: Runtime, kopf_state: KopfState) -> None:
     while True:
         await asyncio.sleep(delay)
         delay = CONFIG.resync_seconds
-        forget = _forgetter(kopf_state.indexers, kopf_state.memories)
-        try:
-            for gone in await staleness.prune_stale(runtime.kube, runtime.cache, forget):
-                if runtime.claims and gone.get("kind") == "Pod":
-                    runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
-        except Exception as exc:
-            log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
+        if kopf_state is not None:
+            forget = _forgetter(kopf_state.indexers, kopf_state.memories)
+            try:
+                for gone in await staleness.prune_stale(runtime.kube, runtime.cache, forget):
+                    if runtime.claims and gone.get("kind") == "Pod":
+                        runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
+            except Exception as exc:
+                log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
         if runtime.reservations:
             for key in runtime.cache.claim_keys():
                 runtime.reservations.enqueue_claim(*key)
@@ -361,6 +400,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
         await _drain(runtime)
+        if runtime.elector is not None:
+            await runtime.elector.release()
         await runtime.kube.close()
     server = memo.get("metrics_server")
     if server is not None:

@@ -32,6 +32,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
 def _parser() -> argparse.ArgumentParser:
     from .lab.cluster import default_dir
 
@@ -54,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
                           "down (default: %(default)s)")
     run.add_argument("--request-timeout", type=float, default=30.0,
                      help="seconds one API request (write or point read) may take in all (default: %(default)s)")
+    run.add_argument("--leader-elect", type=_boolean, default=True, metavar="true|false",
+                     help="elect a leader through a Lease in --namespace, so that several replicas can run; "
+                          "false runs the controllers at once, alone (default: true)")
+    run.add_argument("--leader-elect-lease-duration", type=_seconds, default=15.0, metavar="SECONDS",
+                     help="how long standbys wait after the leader's last renewal (default: %(default)s)")
+    run.add_argument("--leader-elect-renew-deadline", type=_seconds, default=10.0, metavar="SECONDS",
+                     help="how long the leader keeps trying to renew before it gives up (default: %(default)s)")
+    run.add_argument("--leader-elect-retry-period", type=_seconds, default=2.0, metavar="SECONDS",
+                     help="time between tries to acquire or renew (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -97,6 +114,18 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.namespace = args.namespace
     app.CONFIG.resync_seconds = args.resync_period
     app.CONFIG.request_timeout = args.request_timeout
+    if args.leader_elect:
+        from .leader.elector import ElectionSettings, default_identity
+
+        election = ElectionSettings(
+            namespace=args.namespace, identity=default_identity(),
+            lease_seconds=max(1, round(args.leader_elect_lease_duration)),
+            renew_deadline_seconds=args.leader_elect_renew_deadline,
+            retry_seconds=args.leader_elect_retry_period)
+        if election.problems():
+            print(f"claimwarden: {'; '.join(election.problems())}", file=sys.stderr)
+            return 2
+        app.CONFIG.election = election
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:

@@ -52,6 +52,11 @@ WORKQUEUE_ADDS = Counter("claimwarden_workqueue_adds_total", "Keys added to a co
 WORKQUEUE_RETRIES = Counter("claimwarden_workqueue_retries_total", "Keys re-queued after a failed reconcile.",
                             ["controller"], registry=REGISTRY)
 
+LEADER = Gauge("claimwarden_leader", "1 while this replica holds the leader lease and runs the controllers, "
+               "else 0.", registry=REGISTRY)
+LEADER_TRANSITIONS = Counter("claimwarden_leader_transitions_total", "Times this replica became the leader.",
+                             registry=REGISTRY)
+
 CLAIM_CREATIONS = Counter("claimwarden_claim_creations_total", "ResourceClaims created from templates, by "
                           "result (success, failure).", ["result"], registry=REGISTRY)
 RESERVATIONS_ADDED = Counter("claimwarden_reservations_added_total", "Pods added to status.reservedFor for "

@@ -102,6 +102,12 @@ def _is_eviction(event: Mapping[str, Any]) -> bool:
                 and ref.get("subresource") == "eviction")
 
 
+def _is_lease(event: Mapping[str, Any]) -> bool:
+    """The leader's Lease: renewed every retry period by design, so never a hot loop."""
+    ref = event.get("objectRef") or {}
+    return bool(ref.get("apiGroup") == "coordination.k8s.io" and ref.get("resource") == "leases")
+
+
 def hot_objects(events: Iterable[Object], *, user: str = CLAIMWARDEN_USER,
                 bound: int = DEFAULT_MAX_WRITES) -> list[str]:
     """Objects that ``user`` wrote more than ``bound`` times (evictions and unnamed creates left out)."""
@@ -109,7 +115,7 @@ def hot_objects(events: Iterable[Object], *, user: str = CLAIMWARDEN_USER,
     for event in _completed(events):
         ref = event.get("objectRef") or {}
         if ((event.get("user") or {}).get("username") != user or event.get("verb") not in WRITE_VERBS
-                or _is_eviction(event) or not ref.get("name")):
+                or _is_eviction(event) or not ref.get("name") or _is_lease(event)):
             continue  # a create with generateName has no name yet: each one is a new object
         key = (ref.get("apiGroup") or "", ref.get("resource") or "", ref.get("namespace") or "", ref["name"])
         what = event["verb"] + (f" {ref['subresource']}" if ref.get("subresource") else "")

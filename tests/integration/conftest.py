@@ -44,7 +44,7 @@ def install_crds(state: cluster.LabState) -> None:
     """
     kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
     subprocess.run([*kubectl, "apply", "-k", str(CRDS)], check=True, capture_output=True)
-    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
+    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "leader-election-rbac.yaml"):
         subprocess.run([*kubectl, "apply", "-f", str(BASE / name)], check=True, capture_output=True)
     subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
                     "crd/unhealthydevices.claimwarden.io"], check=True, capture_output=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +36,12 @@ def fetch(url: str) -> str | None:
 class Operator:
     """Start, stop and SIGKILL one `claimwarden run`, logging to ``log_path``."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str] | None = None) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str] | None = None,
+                 identity: str | None = None) -> None:
         self.kubeconfig = kubeconfig
+        # The leader election identity (POD_NAME), kept across restarts like a pod's name across
+        # container restarts: a restarted leader renews its own lease instead of waiting for it to expire.
+        self.identity = identity or f"claimwarden-{uuid.uuid4().hex[:8]}"
         self.log_path = log_path
         if log_path not in LOG_PATHS:
             LOG_PATHS.append(log_path)
@@ -48,7 +54,8 @@ class Operator:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> None:
+    def start(self, lead: bool = True) -> None:
+        """Start it and wait for its liveness endpoint, and with `lead` until it leads."""
         if self.running:
             return
         log = self.log_path.open("ab")
@@ -56,9 +63,18 @@ class Operator:
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
              "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.identity})
         log.close()
         wait_for("claimwarden's liveness endpoint", self._alive, 60)
+        if lead:
+            wait_for(f"{self.identity} to lead", self.leads, 60)
+
+    def leads(self) -> bool:
+        """True when its metrics say it holds the leader lease (and runs the controllers)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"claimwarden exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        return "\nclaimwarden_leader 1.0" in text
 
     def _alive(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

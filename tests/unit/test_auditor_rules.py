@@ -56,6 +56,12 @@ def test_only_claimwarden_writes_count_and_evictions_and_unnamed_creates_do_not(
     assert hot_objects(others + unnamed + evictions + reads + started) == []
 
 
+def test_the_leader_lease_renewed_every_few_seconds_is_not_a_hot_object() -> None:
+    renewals = [_event("update", "leases", "claimwarden", "claimwarden-system", group="coordination.k8s.io")
+                for _ in range(100)]
+    assert hot_objects(renewals) == []
+
+
 def test_a_pod_evicted_twice_is_reported_and_blocked_evictions_do_not_count() -> None:
     assert repeated_evictions([_eviction("p"), _eviction("p", code=429), _eviction("q")]) == []
     [problem] = repeated_evictions([_eviction("p"), _eviction("p", user="admin")])

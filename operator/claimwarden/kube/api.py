@@ -27,7 +27,7 @@ from urllib.parse import quote
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
-from .errors import ApiError, ApiTimeout
+from .errors import ApiError, ApiTimeout, NotLeader
 from .login import aio_configuration
 
 log = logging.getLogger("claimwarden.kube")
@@ -63,9 +63,14 @@ class Kube:
     """Thin async adapter over ``kubernetes.aio``; one per operator process."""
 
     def __init__(self, api_client: aio.ApiClient, *, reload: Reload | None = None,
-                 expires_at: datetime.datetime | None = None, request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 expires_at: datetime.datetime | None = None, request_timeout: float = REQUEST_TIMEOUT,
+                 user_agent: str = FIELD_MANAGER) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
+        self.user_agent = user_agent
+        api_client.user_agent = user_agent
+        # Asked before every write but the leader election's own: False stops the write (NotLeader).
+        self.may_write: Callable[[], bool] = lambda: True
         self._reload = reload  # None in unit tests: the credentials are then never reloaded
         self._loaded_at = _utcnow()
         self._expires_at = expires_at
@@ -74,7 +79,7 @@ class Kube:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
-                      request_timeout: float = REQUEST_TIMEOUT) -> Kube:
+                      request_timeout: float = REQUEST_TIMEOUT, user_agent: str = FIELD_MANAGER) -> Kube:
         async def reload() -> Credentials:
             configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
             configuration.connection_pool_maxsize = CONNECTION_POOL
@@ -82,7 +87,7 @@ class Kube:
 
         configuration, expires_at = await reload()
         return cls(aio.ApiClient(configuration), reload=reload, expires_at=expires_at,
-                   request_timeout=request_timeout)
+                   request_timeout=request_timeout, user_agent=user_agent)
 
     async def close(self) -> None:
         for task in self._retired:
@@ -94,8 +99,13 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
                       content_type: str = "application/json", allow_missing: bool = False,
-                      accept: str = "application/json") -> Body | None:
-        """One raw request; bodies stay dicts so no field is lost to a client model."""
+                      accept: str = "application/json", unfenced: bool = False) -> Body | None:
+        """One raw request; bodies stay dicts so no field is lost to a client model.
+
+        Every write first asks `may_write` (the leader's fence), except with `unfenced` (the lease itself).
+        """
+        if method != "GET" and not unfenced and not self.may_write():
+            raise NotLeader(method, path)
         if self._reload is not None and refresh_due(_utcnow(), self._loaded_at, self._expires_at):
             await self._refresh(self.api_client, "they expire soon")
         api_client = self.api_client
@@ -141,6 +151,7 @@ class Kube:
                 return  # another request reloaded them meanwhile
             configuration, expires_at = await self._reload()
             self.api_client = aio.ApiClient(configuration)
+            self.api_client.user_agent = self.user_agent
             self._loaded_at, self._expires_at = _utcnow(), expires_at
             log.info("API credentials reloaded: %s", why)
         # Requests in flight on the old client finish (or time out) before it is closed.
@@ -205,11 +216,11 @@ class Kube:
                 "deleteOptions": {"preconditions": {"uid": uid}}}
         await self._must("POST", _path(CORE, namespace, "pods", name, "eviction"), body)
 
-    async def create_namespace(self, name: str) -> None:
+    async def create_namespace(self, name: str, *, unfenced: bool = False) -> None:
         """Create a namespace; one that already exists is fine."""
         try:
             await self._must("POST", f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                             "metadata": {"name": name}})
+                                                             "metadata": {"name": name}}, unfenced=unfenced)
         except ApiError as exc:
             if exc.status != 409:
                 raise

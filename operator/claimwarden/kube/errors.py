@@ -75,6 +75,13 @@ class ApiError(Exception):
         return self.status == 429 and not self.disruption_budget
 
 
+class NotLeader(ApiError):
+    """A write refused before it was sent: this process does not hold an unexpired leader lease."""
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(0, "NotLeader", f"{method} {path}: not sent, this replica does not hold the lease")
+
+
 class ApiTimeout(ApiError):
     """No complete answer within the request timeout; retried like any other API error."""
 

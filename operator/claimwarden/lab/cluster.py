@@ -37,12 +37,19 @@ Say = Callable[[str], None]
 CLAIMWARDEN_USER = "system:serviceaccount:claimwarden-system:claimwarden"
 AUDIT_POLICY = f"""\
 # The lab's apiserver audit policy: every write claimwarden makes, and every eviction by anyone,
-# at Metadata level (who, verb, object, response code; no bodies). Nothing else, so the log stays
-# small and the test suite's auditor reads only what it needs.
+# at Metadata level (who, verb, object, response code, user agent; no bodies), except the leader
+# Lease, whose request bodies show who held it when. Nothing else, so the log stays small and the
+# test suite's auditor reads only what it needs.
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+  - level: Request
+    users: ["{CLAIMWARDEN_USER}"]
+    verbs: ["create", "update", "patch", "delete"]
+    resources:
+      - group: "coordination.k8s.io"
+        resources: ["leases"]
   - level: Metadata
     users: ["{CLAIMWARDEN_USER}"]
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
