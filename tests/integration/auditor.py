@@ -150,18 +150,30 @@ def repeated_evictions(events: Iterable[Object]) -> list[str]:
 def log_problems(lines: Iterable[str], *, expected: Sequence[str] = (), source: str = "claimwarden's log") -> list[str]:
     """Tracebacks and ERROR/CRITICAL lines that no ``expected`` regex matches.
 
-    A traceback that follows an expected log line belongs to it and is expected too.
+    A traceback that follows an expected log line belongs to it and is expected too. A traceback is
+    reported whole (up to 40 lines), with the log line before it.
     """
     patterns = [re.compile(p) for p in expected]
     problems = []
-    record_expected = False
-    for line in lines:
+    record, record_expected = "", False
+    block: list[str] | None = None
+    end = "\0end"
+    for line in [*lines, end]:
+        starts_record = bool(_LOG_RECORD_START.search(line))
+        if block is not None and (starts_record or line is end):
+            problems.append(f"log: a traceback in {source} after {record.strip()[:200]!r}:\n      "
+                            + "\n      ".join(block[:40]))
+            block = None
         is_expected = any(p.search(line) for p in patterns)
-        if _LOG_RECORD_START.search(line):
-            record_expected = is_expected
-        if _TRACEBACK in line:
+        if block is not None:  # chained exceptions ("During handling ...") stay in one block
+            block.append(line.rstrip())
+        elif _TRACEBACK in line:
             if not (record_expected or is_expected):
-                problems.append(f"log: a traceback in {source}")
+                block = [line.rstrip()]
+        elif starts_record:
+            record, record_expected = line, is_expected
+            if _LOG_ERROR.search(line) and not is_expected:
+                problems.append(f"log: an unexpected error in {source}: {line.strip()[:300]}")
         elif _LOG_ERROR.search(line) and not is_expected:
             problems.append(f"log: an unexpected error in {source}: {line.strip()[:300]}")
     return problems

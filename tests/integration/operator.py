@@ -62,7 +62,9 @@ class Operator:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
-             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra],
+             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+             # Kopf's plain format is the bare message: the auditor needs the level to find ERRORs.
+             "--log-format", "full", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.identity})
         log.close()
         wait_for("claimwarden's liveness endpoint", self._alive, 60)

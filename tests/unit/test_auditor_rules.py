@@ -77,9 +77,18 @@ def test_tracebacks_and_errors_in_the_log_are_reported_unless_expected() -> None
              "[2026-12-01 12:00:02,000] claimwarden          [CRITICAL] gone"]
     problems = log_problems(lines)
     assert len(problems) == 3
-    assert "Handler 'x' failed" in problems[0] and "traceback" in problems[1] and "gone" in problems[2]
+    assert "Handler 'x' failed" in problems[0] and "gone" in problems[2]
+    assert "traceback" in problems[1] and "RuntimeError: boom" in problems[1] and "gone" not in problems[1]
     assert log_problems(lines, expected=[r"Handler 'x' failed", "gone"]) == []
     assert log_problems([*lines[:1], '{"message": "x", "levelname": "ERROR"}']) != []
+
+
+def test_a_chained_traceback_printed_without_a_log_record_is_one_problem() -> None:
+    lines = ["Traceback (most recent call last):", "  x", "KeyError: 'a'", "",
+             "During handling of the above exception, another exception occurred:", "",
+             "Traceback (most recent call last):", "  y", "ValueError: b"]
+    [problem] = log_problems(lines)
+    assert "KeyError: 'a'" in problem and "ValueError: b" in problem
 
 
 def test_the_marker_needs_a_reason_to_change_anything() -> None:
