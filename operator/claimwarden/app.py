@@ -338,7 +338,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 def _lost_lease() -> None:
     """Stop at once, as client-go's controllers do: the writes in flight are fenced, the kubelet restarts
     this process as a standby."""
-    log.critical("the leader lease was lost; exiting so that the kubelet restarts claimwarden as a standby")
     logging.shutdown()
     os._exit(1)
 

@@ -99,8 +99,8 @@ class Elector:
                 if time.monotonic() >= deadline:
                     self.leading = False
                     metrics.LEADER.set(0)
-                    log.error("%s lost the lease (no renewal within %.0f s); stopping", self.settings.identity,
-                              self.settings.renew_deadline_seconds)
+                    log.error("%s lost the lease (no renewal within %.0f s); exiting, to be restarted as a "
+                              "standby", self.settings.identity, self.settings.renew_deadline_seconds)
                     self._on_lost()
                     return
                 await asyncio.sleep(self.settings.retry_seconds)
