@@ -13,7 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image bench
+	install uninstall deploy undeploy image bench chaos
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,6 +58,9 @@ test-unit: venv ## run the unit tests only
 
 test-integration: venv bins prometheus ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
+
+chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
+	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider tests/chaos
 
 bench: venv bins ## benchmark claim generation against kube-controller-manager's controller, side by side
 	$(BIN)/python bench/claims_vs_upstream.py --pods $(or $(PODS),300)

@@ -76,6 +76,8 @@ class LabOptions:
     feature_gates: str = ""
     runtime_config: str = ""
     api_port: int = 0
+    priority_and_fairness: bool = False
+    """API Priority and Fairness on, as in real clusters (off by default: the lab is one client's)."""
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 500:
@@ -235,7 +237,7 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-        "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
+        f"--enable-priority-and-fairness={str(options.priority_and_fairness).lower()}", "--profiling=false", "--v=1",
         # Blocking mode writes each entry before the response goes out, so a test sees its writes at
         # once; 500 MB before rotation is far more than any test session writes.
         f"--audit-policy-file={policy}", f"--audit-log-path={state.audit_log}", "--audit-log-format=json",
