@@ -188,6 +188,16 @@ def parse_models(text: str | None) -> list[str]:
     return names
 
 
+def self_command(argv0: str | None = None) -> str:
+    """How the user started claimwarden (`.venv/bin/claimwarden` under make), to repeat in hints."""
+    path = Path(argv0 if argv0 is not None else sys.argv[0])
+    if path.name != "claimwarden":
+        return "claimwarden"
+    with contextlib.suppress(ValueError):
+        path = path.resolve().relative_to(Path.cwd().resolve()) if path.is_absolute() else path
+    return shlex.quote(str(path))
+
+
 def repo_root() -> Path | None:
     """The clone this module runs from, if it is one (a wheel ships neither crds/ nor manifests/)."""
     root = Path(__file__).resolve().parents[3]
@@ -385,7 +395,7 @@ class Demo:
             lab_models = state.options.get("models") or []
             if self.models and any(m not in lab_models for m in FALLBACK):
                 raise DemoError(f"the lab in {self.directory} runs {','.join(lab_models) or 'other models'}, "
-                                f"not {' and '.join(FALLBACK)}; stop it ('claimwarden lab down --dir "
+                                f"not {' and '.join(FALLBACK)}; stop it ('{self_command()} lab down --dir "
                                 f"{self.directory}') so that the demo starts one with --models, or drop --models")
         else:
             state = cluster.up(cluster.LabOptions(
@@ -447,6 +457,7 @@ class Demo:
         if self.marked is None:
             return
         slice_name, device = self.marked
+        self.print(f"demo: clearing the mark on {device} (annotation {MARK_PREFIX}{device} on {slice_name})")
         self.resource.patch_resource_slice(slice_name, {"metadata": {"annotations": {MARK_PREFIX + device: None}}})
         self.marked = None
         node = self.broken[0]
@@ -475,12 +486,13 @@ class Demo:
             if self.api is not None:
                 self.api.close()
 
-    def stop_claimwarden(self) -> None:
+    def stop_claimwarden(self, announce: bool = True) -> None:
         if self.claimwarden is None:
             return
         stop(self.claimwarden, grace=30)
         cluster.remove_guest(self.directory, self.claimwarden)
-        self.print(f"demo: stopped claimwarden (pid {self.claimwarden.pid})")
+        if announce:
+            self.print(f"demo: stopped claimwarden (pid {self.claimwarden.pid})")
         self.claimwarden = None
 
     # the play --------------------------------------------------------------------------------------
@@ -725,9 +737,10 @@ class Demo:
         assert self.claimwarden is not None
         self.print()
         self.say(f"claimwarden keeps running on the lab; its log follows (also in {self._log_path()}).")
-        self.say(f"Explore: eval \"$(claimwarden lab env --dir {self.directory})\"; "
+        me = self_command()
+        self.say(f"Explore: eval \"$({me} lab env --dir {self.directory})\"; "
                  f"kubectl get pods,resourceclaims -n {NAMESPACE}")
-        self.say(f"Ctrl-C stops claimwarden; 'make lab-down' (or 'claimwarden lab down --dir {self.directory}') "
+        self.say(f"Ctrl-C stops claimwarden; 'make lab-down' (or '{me} lab down --dir {self.directory}') "
                  "stops the lab.")
         with self._log_path().open(errors="replace") as log:
             log.seek(0, os.SEEK_END)
@@ -743,10 +756,12 @@ class Demo:
                 self.stop_claimwarden()
                 return 1
             except KeyboardInterrupt:
-                self.stop_claimwarden()
+                pid = self.claimwarden.pid
+                self.stop_claimwarden(announce=False)
                 self.out.write(log.read())
+                self.print(f"demo: stopped claimwarden (pid {pid})")
         self.print(f"demo: the lab keeps running in {self.directory}; 'make lab-down' "
-                   f"(or 'claimwarden lab down --dir {self.directory}') stops it")
+                   f"(or '{self_command()} lab down --dir {self.directory}') stops it")
         return 0
 
 
@@ -755,10 +770,14 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run(options: DemoOptions, out: TextIO | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Play the demo; return the exit code. SIGTERM is handled like Ctrl-C: clean up, stop what we started."""
+    """Play the demo; return the exit code.
+
+    SIGTERM is handled like Ctrl-C: clean up, stop what we started. SIGINT is handled even when the
+    demo was started with it ignored (a shell's background job), so that Ctrl-C semantics are testable.
+    """
     out = out or sys.stdout
     style = Style(use_colour(out, os.environ if environ is None else environ))
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, _interrupt)
     started = time.monotonic()
     demo: Demo | None = None
     try:
@@ -781,4 +800,5 @@ def run(options: DemoOptions, out: TextIO | None = None, environ: Mapping[str, s
             demo.clean_up()
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
