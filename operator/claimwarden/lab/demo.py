@@ -729,6 +729,10 @@ class Demo:
                  f"NoExecute for {rule['for']}, for example because a PodDisruptionBudget refuses the eviction.")
         self.say(f"It did not fire here: claimwarden evicted trainer {latency:.1f}s after the mark "
                  f"(claimwarden_eviction_latency_seconds_sum), and no pod is pending now.")
+        gone = _sample([line for line in lines if 'result="gone"' in line], "claimwarden_evictions_total")
+        if gone:
+            self.say(f'result="gone" counts {gone:.0f} later check(s) that found the pod already gone, '
+                     'not evictions.')
 
     # after the scenes ------------------------------------------------------------------------------
 
