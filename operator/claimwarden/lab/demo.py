@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 import yaml
 from kubernetes import client, config
@@ -367,7 +367,7 @@ class Demo:
 
     def record_of(self, pool: str, device: str) -> dict[str, Any] | None:
         """The UnhealthyDevice record of one device (other records in a reused lab are not ours)."""
-        listed: dict[str, Any] = client.CustomObjectsApi(self.api).list_cluster_custom_object(*RECORDS)  # type: ignore[assignment]
+        listed = cast(dict[str, Any], client.CustomObjectsApi(self.api).list_cluster_custom_object(*RECORDS))
         items: list[dict[str, Any]] = listed["items"]
         return next((r for r in items if (r["spec"].get("pool"), r["spec"].get("device")) == (pool, device)), None)
 
