@@ -427,7 +427,9 @@ class Demo:
         self.claimwarden = start(LOG_NAME, [
             sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.state.kubeconfig),
             "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-            "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port)], self.directory / "logs")
+            "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+            # One process on a development lab: no Lease to wait for after an interrupted demo.
+            "--leader-elect=false"], self.directory / "logs")
         cluster.add_guest(self.directory, self.claimwarden)
         self.wait("claimwarden's liveness endpoint", lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz"))
         self.print(f"demo: claimwarden runs (pid {self.claimwarden.pid}, metrics on 127.0.0.1:{self.metrics_port}, "
