@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 LAB_DIR ?= $(HOME)/.cache/claimwarden/lab
 LAB_ARGS ?=
-KUBECONFIG_LAB := $(LAB_DIR)/kubeconfig
+DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
@@ -39,13 +39,8 @@ lab: venv bins ## start the local lab (LAB_DIR, LAB_ARGS) in the background
 lab-down: venv ## stop the local lab and remove its state
 	$(BIN)/claimwarden lab down --dir $(LAB_DIR)
 
-demo: lab ## build what is missing, start the lab, show it, and run claimwarden on it (Ctrl-C stops it)
-	@eval "$$($(BIN)/claimwarden lab env --dir $(LAB_DIR))" && \
-	  kubectl apply -k crds/ && kubectl wait --for=condition=Established --timeout=60s crd --all && \
-	  kubectl version && kubectl get nodes -o wide && kubectl get deviceclasses,resourceslices
-	@echo "claimwarden runs against the lab now; Ctrl-C stops it, 'make lab-down' stops the lab"
-	$(BIN)/claimwarden run --kubeconfig $(KUBECONFIG_LAB) --liveness http://127.0.0.1:8080/healthz \
-	  --metrics-address 127.0.0.1
+demo: venv bins ## build what is missing, start the lab and claimwarden, play the walkthrough and a broken GPU, keep claimwarden running (Ctrl-C stops it; DEMO_ARGS=--pause, --models H100,A100,L4)
+	$(BIN)/claimwarden lab demo --dir $(LAB_DIR) $(DEMO_ARGS)
 
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run

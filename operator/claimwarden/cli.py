@@ -92,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
     restart.add_argument("--compact", action="store_true",
                          help="first compact etcd to its current revision, so old resourceVersions are gone (410)")
+    demo = lab_sub.add_parser("demo", help="start the lab and claimwarden, play the DRA walkthrough and a broken "
+                                           "GPU against it, then keep claimwarden running (Ctrl-C stops it)")
+    demo.add_argument("--dir", type=Path, default=default_dir(), help=dir_help + "; a lab running there is reused")
+    demo.add_argument("--pause", action="store_true", help="wait for Enter between scenes (live presentations)")
+    demo.add_argument("--exit", action="store_true",
+                      help="end after the last scene, stopping what the demo started (claimwarden; the lab if it "
+                           "started it)")
+    demo.add_argument("--models", help="GPU models for the demo's lab, e.g. H100,A100,L4: adds a scene where a "
+                                       "prioritized list falls back from H100 to A100")
     for name, text in (("down", "stop the lab and remove its state"), ("status", "show the lab's processes"),
                        ("env", "print shell lines that point KUBECONFIG and PATH at the lab")):
         cmd = lab_sub.add_parser(name, help=text)
@@ -156,6 +165,10 @@ def _lab(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"lab: {line}", flush=True)
 
+    if args.lab_command == "demo":
+        from .lab import demo
+
+        return demo.run(demo.DemoOptions(dir=args.dir, pause=args.pause, exit=args.exit, models=args.models))
     try:
         if args.lab_command == "up":
             cluster.up(cluster.LabOptions(

@@ -37,7 +37,16 @@ def _claim_with_status(resource: client.ResourceV1Api, namespace: str, name: str
 
 
 def _evict(core: client.CoreV1Api, namespace: str, name: str) -> None:
-    core.create_namespaced_pod_eviction(name, namespace, body={"metadata": {"name": name, "namespace": namespace}})
+    """Evict the pod, retrying the rare 404 of a pod created a moment ago under a just-deleted pod's name."""
+    for attempt in range(10):
+        try:
+            core.create_namespaced_pod_eviction(name, namespace, body={"metadata": {"name": name,
+                                                                                    "namespace": namespace}})
+            return
+        except ApiException as exc:
+            if exc.status != 404 or attempt == 9:
+                raise
+            time.sleep(0.5)
 
 
 def _plain_pod(name: str) -> dict[str, Any]:

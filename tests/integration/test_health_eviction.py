@@ -56,6 +56,7 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
     _start(api, namespace, "victim", "bystander")
     pool, device = device_of(api, namespace, "victim")
     assert device_of(api, namespace, "bystander") != (pool, device)
+    gone_before = _counter(claimwarden.metrics(), 'claimwarden_evictions_total{result="gone"}')
 
     mark(api, pool, device, "ECC errors")
     wait_gone(api, namespace, "victim")
@@ -70,6 +71,8 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
     exposition = claimwarden.metrics()
     assert _counter(exposition, 'claimwarden_evictions_total{result="evicted"}') >= 1
     assert _counter(exposition, "claimwarden_eviction_latency_seconds_count") >= 1
+    # A key still queued for the evicted pod finds it gone: that is not an attempt of its own.
+    assert _counter(exposition, 'claimwarden_evictions_total{result="gone"}') == gone_before
     assert _counter(exposition, 'claimwarden_devices{driver="gpu.example.com",state="tainted"}') >= 1
     assert _counter(exposition, 'claimwarden_unhealthy_devices{effect="NoExecute"}') >= 1
     assert _counter(exposition, 'claimwarden_resource_claims{source="quarantine",state="allocated"}') >= 1

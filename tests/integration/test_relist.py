@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from kubernetes import client
 
 from claimwarden.lab import cluster
@@ -45,6 +46,8 @@ def _free_device(api: client.ApiClient, pool: str, skip: set[str]) -> str:
     raise AssertionError(f"no free device on {pool}")
 
 
+@pytest.mark.audit(expect_log=[r"storage is \(re\)initializing", r"Request attempt #\d+/\d+ failed; will retry"],
+                   reason="kube-apiserver is restarted on purpose; Kopf logs its retries of the watches at ERROR")
 def test_objects_deleted_while_watches_were_down_are_forgotten_within_one_resync(
         api: client.ApiClient, namespace: str, lab: cluster.LabState, operator_process: Operator,
         tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from claimwarden.lab import binaries, cluster
-from claimwarden.lab.processes import LabError, Process, is_running, start_time
+from claimwarden.lab.processes import LabError, Process, is_running, start, start_time
 
 
 def _dead_pid() -> int:
@@ -116,3 +116,22 @@ def test_a_restart_repeats_the_recorded_command_line(tmp_path: Path) -> None:
         stop(second)
     with pytest.raises(LabError, match="did not record its command line"):
         restart(Process("old", second.pid, "sleep", "x.log"))
+
+
+def test_down_also_stops_a_guest_left_running(tmp_path: Path) -> None:
+    """A guest (the demo's claimwarden) whose starter was killed is stopped by `down`, by PID."""
+    directory = tmp_path / "lab"
+    (directory / "logs").mkdir(parents=True)
+    cluster.LabState(dir=directory, ready=True).save()
+    guest = start("guest", ["sleep", "60"], directory / "logs")
+    cluster.add_guest(directory, guest)
+    assert [g.pid for g in cluster.guests(directory)] == [guest.pid]
+    assert any("(guest)" in line for line in cluster.status(directory))
+    cluster.down(directory, say=lambda _: None)
+    assert not is_running(guest) and not directory.exists()
+
+
+def test_a_half_written_guest_record_is_dropped(tmp_path: Path) -> None:
+    (tmp_path / cluster.GUESTS_DIR).mkdir()
+    (tmp_path / cluster.GUESTS_DIR / "x.json").write_text("{")
+    assert cluster.guests(tmp_path) == [] and cluster.stop_guests(tmp_path) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import cast
 
@@ -29,6 +30,7 @@ EVICTED = "EvictedUnhealthyDevice"
 EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
+EVICTED_MEMORY_SECONDS = 600.0
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
@@ -45,6 +47,9 @@ class Evictions:
         self._on_evicted = on_evicted
         self._pdb_attempts: dict[Hashable, int] = {}
         self._evicted: dict[str, int] = {}
+        # pod UID -> when claimwarden evicted it: a key still queued for it then finds the pod gone,
+        # which is no eviction attempt of its own to count as "gone".
+        self._evicted_pods: dict[str, float] = {}
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -84,6 +89,7 @@ class Evictions:
             metrics.EVICTIONS.labels("error").inc()
             raise
         self._pdb_attempts.pop(key, None)
+        self._remember_evicted(uid)
         metrics.EVICTIONS.labels("evicted").inc()
         marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
             record["metadata"].get("creationTimestamp"))
@@ -107,7 +113,8 @@ class Evictions:
             return None
         pod = await self.kube.get_pod(namespace, pod_name)
         if pod is None or pod["metadata"].get("uid") != uid:
-            metrics.EVICTIONS.labels("gone").inc()
+            if uid not in self._evicted_pods:
+                metrics.EVICTIONS.labels("gone").inc()
             return None
         if is_being_deleted(pod):
             return None
@@ -115,6 +122,11 @@ class Evictions:
         if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
             return None
         return record, pod, ref
+
+    def _remember_evicted(self, uid: str) -> None:
+        moment = time.monotonic()
+        self._evicted_pods = {k: t for k, t in self._evicted_pods.items() if moment - t < EVICTED_MEMORY_SECONDS}
+        self._evicted_pods[uid] = moment
 
     async def _blocked(self, key: Hashable, pod: Body, ref: records.DeviceRef, exc: ApiError) -> Requeue:
         """Count a refusal, say so once on the pod, and back off."""

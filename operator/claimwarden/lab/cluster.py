@@ -31,6 +31,9 @@ from .processes import (
 )
 
 STATE_FILE = "state.json"
+GUESTS_DIR = "guests"
+"""Processes that run against the lab without being part of it (the demo's claimwarden) record
+themselves in DIR/guests/NAME.json, so that `down` stops them too if whoever started them could not."""
 START_TIMEOUT = 120.0
 Say = Callable[[str], None]
 
@@ -300,6 +303,38 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
         api.close()
 
 
+def add_guest(directory: Path, proc: Process) -> None:
+    """Record ``proc`` as running against the lab in ``directory`` (see GUESTS_DIR)."""
+    guests = directory / GUESTS_DIR
+    guests.mkdir(exist_ok=True)
+    (guests / f"{proc.name}.json").write_text(json.dumps(proc.to_json(), indent=2))
+
+
+def remove_guest(directory: Path, proc: Process) -> None:
+    (directory / GUESTS_DIR / f"{proc.name}.json").unlink(missing_ok=True)
+
+
+def guests(directory: Path) -> list[Process]:
+    found = []
+    for path in sorted((directory / GUESTS_DIR).glob("*.json")):
+        try:
+            found.append(Process.from_json(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # half written by a killed run; its process is unknown
+    return found
+
+
+def stop_guests(directory: Path) -> list[Process]:
+    """Stop (by PID) every guest of the lab in ``directory`` that still runs; return those."""
+    stopped = []
+    for proc in guests(directory):
+        if is_running(proc):
+            stop(proc)
+            stopped.append(proc)
+        remove_guest(directory, proc)
+    return stopped
+
+
 def _stop_all(state: LabState) -> None:
     for proc in reversed(state.processes):
         stop(proc)
@@ -363,7 +398,7 @@ def down(directory: Path, say: Say = print) -> None:
             directory.rmdir()
         say(f"no lab in {directory}; nothing to stop")
         return
-    alive = state.running()
+    alive = state.running() + stop_guests(directory)
     _stop_all(state)
     shutil.rmtree(directory)
     say(f"stopped {len(alive)} process(es) and removed {directory}")
@@ -377,6 +412,8 @@ def status(directory: Path) -> list[str]:
         return [f"no lab in {directory}"]
     lines = [f"{p.name:<24} {'running' if is_running(p) else 'STOPPED':<8} pid {p.pid}"
              for p in state.processes]
+    lines += [f"{p.name:<24} {'running' if is_running(p) else 'STOPPED':<8} pid {p.pid} (guest)"
+              for p in guests(directory)]
     lines.append(f"apiserver  {state.api_url}{'' if state.ready else ' (start-up did not finish)'}")
     lines.append(f"kubeconfig {state.kubeconfig}")
     return lines
