@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .helpers import wait_for
 
