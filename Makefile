@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-LAB_DIR ?= $(HOME)/.cache/claimwarden/lab
+LAB_DIR ?= $(HOME)/.cache/lab/claimwarden_lab
 LAB_ARGS ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
@@ -18,11 +18,11 @@ IMAGE ?= claimwarden:0.1.0
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "claimwarden needs Python >= 3.11; found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./lab
 	@touch $@
 
 venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools installed
@@ -61,7 +61,7 @@ bench: venv bins ## benchmark claim generation against kube-controller-manager's
 	$(BIN)/python bench/claims_vs_upstream.py --pods $(or $(PODS),300)
 
 lint: venv ## ruff and mypy
-	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff check operator lab tests bench
 	$(BIN)/mypy
 
 manifests: ## render manifests/base and manifests/monitoring into dist/

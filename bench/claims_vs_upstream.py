@@ -20,8 +20,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from claimwarden.lab import cluster
-from claimwarden.lab.processes import free_port
+from claimwarden_lab import cluster
+from claimwarden_lab.processes import free_port
 
 UNSATISFIABLE = {"devices": {"requests": [{"name": "gpu", "exactly": {
     "deviceClassName": "gpu.example.com",

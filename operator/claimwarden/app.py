@@ -97,12 +97,28 @@ class Runtime:
         self.loops.append((queue, reconcile))
 
     async def lead(self) -> None:
-        """Start the workers and the resync (whose first round queues everything: a takeover converges)."""
+        """Start the workers and the resync, and queue everything a standby's warm indices hold: events
+        seen before this replica led reached no queue (at a plain start-up the indices are still empty)."""
         self.leading = True
         for queue, reconcile in self.loops:
             self.queues.append(queue)
             self.workers.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
+        self.enqueue_all()
         self.background.append(asyncio.create_task(_resync(self, self.kopf_state), name="resync"))
+
+    def enqueue_all(self) -> None:
+        """Every key of every controller."""
+        if self.reservations:
+            for key in self.cache.claim_keys():
+                self.reservations.enqueue_claim(*key)
+        if self.claims:
+            for key in self.cache.pod_keys():
+                self.claims.enqueue_pod(*key)
+        if self.health:
+            for name in self.cache.resource_slice_names():
+                self.health.enqueue_slice(name)
+            for record in self.health.record_names():
+                self.health.enqueue_record(record)
 
 
 CONFIG = RunConfig()
@@ -359,15 +375,8 @@ async def _resync(runtime: Runtime, kopf_state: KopfState | None) -> None:
                         runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
             except Exception as exc:
                 log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
-        if runtime.reservations:
-            for key in runtime.cache.claim_keys():
-                runtime.reservations.enqueue_claim(*key)
-        if runtime.claims:
-            for key in runtime.cache.pod_keys():
-                runtime.claims.enqueue_pod(*key)
+        runtime.enqueue_all()
         if runtime.health:
-            for record in runtime.health.record_names():
-                runtime.health.enqueue_record(record)
             try:
                 await runtime.health.release_orphaned_quarantine()
             except Exception as exc:

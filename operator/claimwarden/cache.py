@@ -139,6 +139,9 @@ class Cache:
         found: Body | None = _one(self._slices, name)
         return found
 
+    def resource_slice_names(self) -> list[str]:
+        return [str(name) for name in list(self._slices)]
+
     def resource_slices(self) -> list[Body]:
         return _values(self._slices)
 

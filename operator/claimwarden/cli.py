@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from . import __version__
 
@@ -40,9 +42,15 @@ def _boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
-def _parser() -> argparse.ArgumentParser:
-    from .lab.cluster import default_dir
+def _lab_cli() -> ModuleType | None:
+    """The lab's command line, when the claimwarden-lab distribution is installed (never in the image)."""
+    try:
+        return importlib.import_module("claimwarden_lab.cli")
+    except ModuleNotFoundError:
+        return None
 
+
+def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="claimwarden", description=__doc__)
     parser.add_argument("--version", action="version", version=f"claimwarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,37 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
-    lab = sub.add_parser("lab", help="a local Kubernetes control plane with fake DRA GPUs")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
-    dir_help = f"lab state directory (default: {default_dir()})"
-    lab_up = lab_sub.add_parser("up", help="start the lab in the background and wait until it is ready")
-    lab_up.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
-    lab_up.add_argument("--nodes", type=int, default=2, help="kwok nodes (default: %(default)s)")
-    lab_up.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
-    lab_up.add_argument("--models", help="GPU models given to nodes round-robin, from H100,A100,L4")
-    lab_up.add_argument("--upstream-claims", action="store_true",
-                        help="also run kube-controller-manager's resourceclaim-controller")
-    lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
-    lab_up.add_argument("--runtime-config", default="", help="kube-apiserver --runtime-config")
-    lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
-    restart = lab_sub.add_parser("restart-apiserver",
-                                 help="restart kube-apiserver with the same arguments and wait until it is ready")
-    restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
-    restart.add_argument("--compact", action="store_true",
-                         help="first compact etcd to its current revision, so old resourceVersions are gone (410)")
-    demo = lab_sub.add_parser("demo", help="start the lab and claimwarden, play the DRA walkthrough and a broken "
-                                           "GPU against it, then keep claimwarden running (Ctrl-C stops it)")
-    demo.add_argument("--dir", type=Path, default=default_dir(), help=dir_help + "; a lab running there is reused")
-    demo.add_argument("--pause", action="store_true", help="wait for Enter between scenes (live presentations)")
-    demo.add_argument("--exit", action="store_true",
-                      help="end after the last scene, stopping what the demo started (claimwarden; the lab if it "
-                           "started it)")
-    demo.add_argument("--models", help="GPU models for the demo's lab, e.g. H100,A100,L4: adds a scene where a "
-                                       "prioritized list falls back from H100 to A100")
-    for name, text in (("down", "stop the lab and remove its state"), ("status", "show the lab's processes"),
-                       ("env", "print shell lines that point KUBECONFIG and PATH at the lab")):
-        cmd = lab_sub.add_parser(name, help=text)
-        cmd.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
+    lab = sub.add_parser("lab", help="a local Kubernetes control plane with fake DRA GPUs (the claimwarden-lab "
+                                     "distribution, for development: pip install ./lab from a clone)")
+    if lab_cli is not None:
+        lab_cli.add_arguments(lab)
+    else:
+        lab.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 
@@ -158,47 +141,15 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lab(args: argparse.Namespace) -> int:
-    from .lab import cluster
-    from .lab.processes import LabError
-
-    def say(line: str) -> None:
-        print(f"lab: {line}", flush=True)
-
-    if args.lab_command == "demo":
-        from .lab import demo
-
-        return demo.run(demo.DemoOptions(dir=args.dir, pause=args.pause, exit=args.exit, models=args.models))
-    try:
-        if args.lab_command == "up":
-            cluster.up(cluster.LabOptions(
-                dir=args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, models=args.models,
-                upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
-                runtime_config=args.runtime_config, api_port=args.api_port), say)
-        elif args.lab_command == "down":
-            cluster.down(args.dir, say)
-        elif args.lab_command == "restart-apiserver":
-            state = cluster.LabState.load(args.dir.expanduser().resolve())
-            if state is None:
-                raise LabError(f"no lab in {args.dir}: run 'claimwarden lab up' first")
-            if args.compact:
-                say(f"etcd compacted to revision {cluster.compact_etcd(state)}")
-            cluster.restart_apiserver(state, say)
-        elif args.lab_command == "status":
-            print("\n".join(cluster.status(args.dir)))
-        elif args.lab_command == "env":
-            print("\n".join(cluster.env_lines(args.dir)))
-    except LabError as exc:
-        print(f"lab: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("lab: interrupted; everything started so far was stopped", file=sys.stderr)
-        return 130
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The lab is imported only for its own verbs: `claimwarden run` never loads it.
+    lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
+    args = _parser(lab_cli).parse_args(argv)
     if args.command == "run":
         return _run(args)
-    return _lab(args)
+    if lab_cli is None:
+        print("claimwarden: the lab is not installed: it is a development tool, installed from a clone with "
+              "'pip install ./lab' (make venv does it)", file=sys.stderr)
+        return 2
+    return int(lab_cli.run(args))

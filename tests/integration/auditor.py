@@ -46,7 +46,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden.lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
 
 DEFAULT_MAX_WRITES = 20
 STALE_RESERVATION_SECONDS = 10.0

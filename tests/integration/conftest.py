@@ -21,8 +21,8 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from claimwarden.lab import cluster
-from claimwarden.lab.processes import LabError
+from claimwarden_lab import cluster
+from claimwarden_lab.processes import LabError
 
 from .auditor import Audit, LabAudit, LogWatch, leftovers, read_objects, rules_from, shared_devices
 from .helpers import delete_namespace

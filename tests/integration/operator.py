@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from claimwarden.lab.processes import free_port
+from claimwarden_lab.processes import free_port
 
 from .helpers import stop_process, wait_for
 

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .auditor import QUARANTINE_NAMESPACE, RECORD_LABEL, Audit
 from .conftest import service_account_kubeconfig

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab, service_account_kubeconfig
 from .helpers import create_pods, delete_pods, pod_with_claims, template, wait_for

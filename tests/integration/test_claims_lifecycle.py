@@ -8,7 +8,7 @@ from typing import Any
 
 from kubernetes import client
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .helpers import claim_states, gpu_claim_spec, pod_with_claims, template, wait_for
 from .operator import Operator

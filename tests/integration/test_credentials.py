@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .conftest import SERVICE_ACCOUNT
 from .helpers import pod_with_claims, template, wait_for

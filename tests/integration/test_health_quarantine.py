@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab, service_account_kubeconfig
 from .health_helpers import device_of, holders, mark, unmark, wait_gone

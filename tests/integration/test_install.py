@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .helpers import wait_for
 
@@ -72,4 +72,18 @@ def test_the_service_account_gets_exactly_what_it_needs(lab: LabState, verb: str
     resource, _, subresource = resource.partition("/")
     extra = [f"--subresource={subresource}"] if subresource else []
     answer = _kubectl(lab, "auth", "can-i", verb, resource, *extra, "--all-namespaces", f"--as={SA}", check=False)
+    assert answer.stdout.strip() == ("yes" if allowed else "no"), answer.stdout + answer.stderr
+
+
+@pytest.mark.parametrize(("verb", "where", "allowed"), [
+    ("update", ["leases/claimwarden", "-n", "claimwarden-system"], True),
+    ("get", ["leases/claimwarden", "-n", "claimwarden-system"], True),
+    ("create", ["leases", "-n", "claimwarden-system"], True),
+    ("update", ["leases/other", "-n", "claimwarden-system"], False),
+    ("create", ["leases", "-n", "default"], False),
+    ("update", ["leases/claimwarden", "-n", "kube-system"], False),
+])
+def test_leader_election_may_touch_only_its_own_lease(lab: LabState, verb: str, where: list[str],
+                                                      allowed: bool) -> None:
+    answer = _kubectl(lab, "auth", "can-i", verb, *where, f"--as={SA}", check=False)
     assert answer.stdout.strip() == ("yes" if allowed else "no"), answer.stdout + answer.stderr

@@ -9,7 +9,7 @@ from kubernetes import client
 
 from claimwarden.kube.api import Kube
 from claimwarden.kube.errors import ApiError
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .helpers import wait_for
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from claimwarden.lab import cluster
-from claimwarden.lab.processes import free_port, is_running
+from claimwarden_lab import cluster
+from claimwarden_lab.processes import free_port, is_running
 
 from .helpers import wait_for
 from .operator import fetch

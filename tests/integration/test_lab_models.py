@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab
 from .helpers import wait_for

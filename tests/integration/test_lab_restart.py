@@ -12,8 +12,8 @@ import sys
 import pytest
 from kubernetes import client, config
 
-from claimwarden.lab import cluster
-from claimwarden.lab.processes import is_running
+from claimwarden_lab import cluster
+from claimwarden_lab.processes import is_running
 
 from .conftest import extra_lab
 from .helpers import kubectl, wait_for

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from claimwarden.lab.cluster import LabState
+from claimwarden_lab.cluster import LabState
 
 from .auditor import LabAudit
 from .conftest import service_account_kubeconfig

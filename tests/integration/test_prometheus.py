@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from claimwarden.lab.processes import free_port
+from claimwarden_lab.processes import free_port
 
 from .health_helpers import device_of, mark, unmark, wait_gone
 from .helpers import pod_with_claims, stop_process, template, wait_for

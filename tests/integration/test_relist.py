@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from claimwarden.lab import cluster
+from claimwarden_lab import cluster
 
 from .conftest import service_account_kubeconfig
 from .health_helpers import create_record, delete_record, device_of, holders

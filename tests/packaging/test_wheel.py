@@ -1,8 +1,7 @@
 """The wheel installs and runs from a clean virtualenv, as the Dockerfile's build stage does it.
 
-No container engine runs here, so this is the image's recipe without the image: `pip wheel
---no-deps .`, a fresh venv, `pip install` of the wheel (dependencies from the index), then the
-entry point.
+This is the image's recipe without the image: `pip wheel --no-deps .`, a fresh venv, `pip
+install` of the wheel (dependencies from the index), then the entry point.
 """
 
 from __future__ import annotations
@@ -30,10 +29,28 @@ def test_wheel_installs_in_a_clean_virtualenv_and_runs(tmp_path: Path) -> None:
     assert _run(venv / "bin" / "claimwarden", "--version").strip() == "claimwarden 0.1.0"
     help_text = _run(venv / "bin" / "claimwarden", "run", "--help")
     assert "--controllers" in help_text and "--metrics-port" in help_text
-    # Only the package, no tests or lab binaries, goes into the wheel.
+    # Only the operator goes into the wheel: no tests, and no lab (code or dependencies).
     listing = _run(venv / "bin" / "python", "-c",
                    "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('claimwarden')))")
     assert "claimwarden/cli.py" in listing and "tests/" not in listing
+    assert "lab" not in listing.replace("claimwarden/", ""), listing
+    requires = _run(venv / "bin" / "python", "-c",
+                    "import importlib.metadata as m; print([r for r in m.requires('claimwarden') if 'extra' not in r])"
+                    ).lower()
+    assert "pyyaml" not in requires and "cryptography" not in requires, requires  # the lab's, not ours
+    installed = _run(venv / "bin" / "pip", "list", "--format=freeze").lower()
+    assert "cryptography" not in installed, installed  # (PyYAML still comes with the kubernetes client)
+    refused = subprocess.run([str(venv / "bin" / "claimwarden"), "lab", "up"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "pip install ./lab" in refused.stderr, refused.stderr
+
+
+def test_claimwarden_run_never_imports_the_lab_even_where_it_is_installed() -> None:
+    # In the development venv the lab is installed; `run` must still not load it.
+    probe = ("import sys; from claimwarden import cli\n"
+             "try:\n    cli.main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+             "assert 'claimwarden_lab' not in sys.modules, sorted(m for m in sys.modules if 'lab' in m)\n"
+             "assert 'yaml' not in sys.modules and 'cryptography' not in sys.modules\n")
+    _run(sys.executable, "-c", probe)
 
 
 def test_dockerfile_runs_as_a_numeric_non_root_user_without_compilers() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from claimwarden.health.records import label_value
-from claimwarden.lab.cluster import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import CLAIMWARDEN_USER
 from tests.integration.auditor import (
     Objects,
     Rules,

@@ -11,7 +11,7 @@ import pytest
 from kubernetes.aio import client as aio
 
 from claimwarden.kube.api import Kube, refresh_due
-from claimwarden.kube.errors import ApiError, ApiTimeout
+from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable
 from claimwarden.workqueue import WorkQueue, run_workers
 
 
@@ -94,3 +94,27 @@ def test_credentials_are_reloaded_shortly_before_they_expire(lifetime: timedelta
 
 def test_credentials_without_an_expiry_are_reloaded_only_on_401() -> None:
     assert refresh_due(NOON + timedelta(days=400), NOON, None) is False
+
+
+def test_a_refused_connection_is_an_api_error_so_callers_retry_instead_of_dying() -> None:
+    # The leader election's loop and every reconcile handle ApiError; a raw connection error used to
+    # escape them while kube-apiserver restarted, killing the elector task.
+    async def scenario() -> None:
+        kube = _kube(_closed_port(), 2)
+        try:
+            with pytest.raises(ApiUnreachable) as refused:
+                await kube.get_pod("default", "web-0")
+        finally:
+            await kube.close()
+        assert isinstance(refused.value, ApiError) and "GET /api/v1/namespaces/default/pods/web-0" in str(
+            refused.value)
+
+    asyncio.run(scenario())
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -7,7 +7,7 @@ import io
 import pytest
 import yaml
 
-from claimwarden.lab import demo
+from claimwarden_lab import demo
 
 
 class _Terminal(io.StringIO):

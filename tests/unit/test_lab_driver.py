@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from claimwarden.lab import driver
+from claimwarden_lab import driver
 
 
 def test_default_model_is_dra_example_drivers() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from claimwarden.lab import binaries, cluster
-from claimwarden.lab.processes import LabError, Process, is_running, start, start_time
+from claimwarden_lab import binaries, cluster
+from claimwarden_lab.processes import LabError, Process, is_running, start, start_time
 
 
 def _dead_pid() -> int:
@@ -103,7 +103,7 @@ def test_reused_pid_with_another_start_time_is_not_ours() -> None:
 
 
 def test_a_restart_repeats_the_recorded_command_line(tmp_path: Path) -> None:
-    from claimwarden.lab.processes import restart, start, stop
+    from claimwarden_lab.processes import restart, start, stop
 
     first = start("sleeper", ["sleep", "60"], tmp_path, env={"X": "1"})
     saved = Process.from_json(first.to_json())

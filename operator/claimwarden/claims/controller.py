@@ -30,6 +30,7 @@ FAILED_CREATION = "FailedResourceClaimCreation"
 # A claim we just created stays visible to planning until the watch delivers it (upstream keeps a
 # mutation cache for the same reason): without it a quick retry would create a second claim.
 RECENT_TTL = 300.0
+APPLIED_FRESH = 10.0
 
 
 class ClaimRetry(Retry):
@@ -43,8 +44,8 @@ class ClaimsController:
         self.queue = WorkQueue(NAME)
         # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
         self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
-        # pod UID -> pod claim name -> claim name: the entries last applied to the pod's status.
-        self._applied: dict[str, dict[str, str]] = {}
+        # pod UID -> (when, pod claim name -> claim name): the entries last applied to the pod's status.
+        self._applied: dict[str, tuple[float, dict[str, str]]] = {}
 
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
@@ -58,7 +59,7 @@ class ClaimsController:
         recent.pop(claim["metadata"]["name"], None)
         if not recent:
             self._recent.pop(uid, None)
-        applied = self._applied.get(uid, {})
+        _, applied = self._applied.get(uid, (0.0, {}))
         for pod_claim, claim_name in list(applied.items()):
             if claim_name == claim["metadata"]["name"]:
                 del applied[pod_claim]
@@ -100,11 +101,15 @@ class ClaimsController:
                 continue
             recorded[create.pod_claim_name] = created["metadata"]["name"]
         if recorded:
-            entries = plan.claim_status_entries(pod, recorded, self._applied.get(uid, {}))
-            await self.kube.apply_pod_claim_statuses(namespace, name, entries)
-            self._applied[uid] = {e["name"]: e["resourceClaimName"] for e in entries}
-            log.info("pod %s/%s: recorded claims %s", namespace, name,
-                     ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
+            applied_at, applied = self._applied.get(uid, (0.0, {}))
+            entries = plan.claim_status_entries(pod, recorded, applied)
+            wanted = {e["name"]: e["resourceClaimName"] for e in entries}
+            # The same apply a moment ago: the cache has not shown it yet, writing it again changes nothing.
+            if wanted != applied or time.monotonic() - applied_at > APPLIED_FRESH:
+                await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+                self._applied[uid] = (time.monotonic(), wanted)
+                log.info("pod %s/%s: recorded claims %s", namespace, name,
+                         ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
         failures += [f"PodResourceClaim {p.pod_claim_name}: {p.message}" for p in pod_plan.problems]
         for reserve in pod_plan.reserve:
             await self._reserve(pod, reserve.claim_name)

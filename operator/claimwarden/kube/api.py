@@ -24,10 +24,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
-from .errors import ApiError, ApiTimeout, NotLeader
+from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
 from .login import aio_configuration
 
 log = logging.getLogger("claimwarden.kube")
@@ -137,6 +138,8 @@ class Kube:
                     raw.release()
         except TimeoutError:
             raise ApiTimeout(method, path, self.request_timeout) from None
+        except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS: the apiserver restarting, say
+            raise ApiUnreachable(method, path, exc) from None
         if raw.status >= 400:
             if allow_missing and raw.status == 404:
                 return None

@@ -82,6 +82,13 @@ class NotLeader(ApiError):
         super().__init__(0, "NotLeader", f"{method} {path}: not sent, this replica does not hold the lease")
 
 
+class ApiUnreachable(ApiError):
+    """No answer at all: the connection was refused or broken (an apiserver restarting, a network fault)."""
+
+    def __init__(self, method: str, path: str, cause: BaseException) -> None:
+        super().__init__(0, "Unreachable", f"{method} {path}: {type(cause).__name__}: {cause}")
+
+
 class ApiTimeout(ApiError):
     """No complete answer within the request timeout; retried like any other API error."""
 

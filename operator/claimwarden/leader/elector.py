@@ -123,7 +123,7 @@ class Elector:
         started = time.monotonic()
         try:
             lease = await self.kube.request("GET", self._path(), allow_missing=True, unfenced=True)
-        except ApiError as exc:
+        except ApiError as exc:  # unreachable and timed-out requests included: the next round tries again
             log.warning("reading the lease failed: %s", exc)
             return False
         decision = plan.decide(lease, identity=self.settings.identity, observed=self._observed, now=started,

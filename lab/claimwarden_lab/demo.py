@@ -200,7 +200,7 @@ def self_command(argv0: str | None = None) -> str:
 
 def repo_root() -> Path | None:
     """The clone this module runs from, if it is one (a wheel ships neither crds/ nor manifests/)."""
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "crds" / "kustomization.yaml").is_file() else None
 
 
