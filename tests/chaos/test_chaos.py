@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from claimwarden.lab import cluster
+from claimwarden.lab.cluster import LabState
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden.lab import cluster
-from claimwarden.lab.cluster import LabState
 from tests.integration.auditor import LabAudit
 from tests.integration.conftest import extra_lab, service_account_kubeconfig
 from tests.integration.helpers import pod_with_claims, template, wait_for
