@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from claimwarden.lab import cluster
-from claimwarden.lab.cluster import LabState
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from claimwarden_lab import cluster
+from claimwarden_lab.cluster import LabState
 from tests.integration.auditor import LabAudit
 from tests.integration.conftest import extra_lab, service_account_kubeconfig
 from tests.integration.helpers import pod_with_claims, template, wait_for
@@ -64,7 +64,8 @@ class Replicas:
 
     def __init__(self, lab: LabState, directory: Path) -> None:
         kubeconfig = service_account_kubeconfig(lab)
-        self.all = [Operator(kubeconfig, directory / f"{name}.log", identity=f"replica-{name}")
+        # Unique per scenario, as pod names are: two processes with one identity would share the lease.
+        self.all = [Operator(kubeconfig, directory / f"{name}.log", identity=f"{directory.name[:40]}-{name}")
                     for name in ("a", "b")]
 
     def start(self) -> None:
@@ -151,20 +152,26 @@ def bed(chaos_lab: LabState, chaos_api: client.ApiClient, tmp_path: Path,
     client.ResourceV1Api(chaos_api).create_namespaced_resource_claim_template(namespace, body=template("gpu"))
     replicas = Replicas(chaos_lab, tmp_path)
     audit = LabAudit(chaos_lab)
-    replicas.start()
     try:
+        replicas.start()
         yield replicas, namespace, audit
     finally:
-        # Free the devices for the next scenario; the namespace itself may take long to go after an
-        # apiserver restart (kube-controller-manager's namespace controller backs off), so it is not waited for.
-        client.BatchV1Api(chaos_api).delete_collection_namespaced_job(namespace, propagation_policy="Background")
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        resource = client.ResourceV1Api(chaos_api)
-        wait_for(f"the pods of {namespace} gone and their devices free", lambda: not core.list_namespaced_pod(
-            namespace).items and not any(c.status and c.status.allocation for c in
-                                         resource.list_namespaced_resource_claim(namespace).items), 120)
-        core.delete_namespace(namespace)
-        replicas.stop()
+        try:
+            _free_namespace(chaos_api, namespace)
+        finally:
+            replicas.stop()
+
+
+def _free_namespace(chaos_api: client.ApiClient, namespace: str) -> None:
+    """Free the devices for the next scenario, then delete the namespace without waiting for it (after an
+    apiserver restart kube-controller-manager's namespace controller may back off for minutes)."""
+    core, resource = client.CoreV1Api(chaos_api), client.ResourceV1Api(chaos_api)
+    client.BatchV1Api(chaos_api).delete_collection_namespaced_job(namespace, propagation_policy="Background")
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_for(f"the pods of {namespace} gone and their devices free", lambda: not core.list_namespaced_pod(
+        namespace).items and not any(c.status and c.status.allocation for c in
+                                     resource.list_namespaced_resource_claim(namespace).items), 120)
+    core.delete_namespace(namespace)
 
 
 def read_cluster(api: client.ApiClient, events: list[dict[str, Any]]) -> checker.Cluster:
@@ -328,11 +335,11 @@ def test_rolling_update_hands_over_without_missing_work(chaos_api: client.ApiCli
             old, _ = replicas.wait_leader()
             new = Operator(service_account_kubeconfig(chaos_lab), tmp_path / f"new-{i}.log", identity=f"new-{i}")
             new.start(lead=False)
+            replicas.all[replicas.all.index(old)] = new
             stopped = time.monotonic()
             assert old.stop() == 0
-            wait_for("the new replica to lead", new.leads, 30, interval=0.1)
+            wait_for("a standby to lead", replicas.leader, 30, interval=0.1)  # the new one or the other
             times.append(time.monotonic() - stopped)
-            replicas.all[replicas.all.index(old)] = new
         churn.wait(600)
     took, result = converge(chaos_api, audit, events)
     record("6 rolling update", f"{len(churn.created)} pods created", f"{SCALE['rollouts']} hand-overs on SIGTERM",
