@@ -8,21 +8,15 @@ just puts keys on a controller's queue; workers reconcile from the indices.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import kopf
-
-# Passed to kopf.run(indexers=..., memories=...), so that staleness.py can forget deleted objects.
-from kopf._core.engines.indexing import OperatorIndexers
-from kopf._core.reactor.inventory import ResourceMemories
 from kubernetes import client as sync_client
 
-from . import __version__, metrics, projections, staleness
+from . import __version__, metrics, projections
 from .cache import Cache
 from .claims.controller import ClaimsController
 from .health import records
@@ -41,7 +35,7 @@ from .podclaims import (
 )
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
-from .workqueue import Reconcile, WorkQueue, run_workers
+from .runtime import Runtime, lost_lease
 
 log = logging.getLogger("claimwarden")
 
@@ -55,8 +49,6 @@ RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
                "claims_by_device", "claims_by_record", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
-FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
-DRAIN_SECONDS = 10.0  # on SIGTERM, time for workers to finish their current key (well within the pod's 30 s)
 
 
 @dataclass
@@ -75,61 +67,7 @@ class RunConfig:
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
 
 
-@dataclass
-class Runtime:
-    """The controllers of this process, reachable from Kopf handlers through the operator memo."""
-
-    cache: Cache
-    kube: Kube
-    kopf_state: KopfState | None = None  # None only in tests that start no Kopf
-    claims: ClaimsController | None = None
-    reservations: ReservationsController | None = None
-    health: HealthController | None = None
-    elector: Elector | None = None
-    leading: bool = False
-    """Only the leader's events reach the queues, and only the leader's workers run."""
-    loops: list[tuple[WorkQueue, Reconcile]] = field(default_factory=list)
-    queues: list[WorkQueue] = field(default_factory=list)
-    workers: list[asyncio.Task[None]] = field(default_factory=list)
-    background: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def add_loop(self, queue: WorkQueue, reconcile: Reconcile) -> None:
-        self.loops.append((queue, reconcile))
-
-    async def lead(self) -> None:
-        """Start the workers and the resync, and queue everything a standby's warm indices hold: events
-        seen before this replica led reached no queue (at a plain start-up the indices are still empty)."""
-        self.leading = True
-        for queue, reconcile in self.loops:
-            self.queues.append(queue)
-            self.workers.append(asyncio.create_task(run_workers(queue, reconcile, CONFIG.workers), name=queue.name))
-        self.enqueue_all()
-        self.background.append(asyncio.create_task(_resync(self, self.kopf_state), name="resync"))
-
-    def enqueue_all(self) -> None:
-        """Every key of every controller."""
-        if self.reservations:
-            for key in self.cache.claim_keys():
-                self.reservations.enqueue_claim(*key)
-        if self.claims:
-            for key in self.cache.pod_keys():
-                self.claims.enqueue_pod(*key)
-        if self.health:
-            for name in self.cache.resource_slice_names():
-                self.health.enqueue_slice(name)
-            for record in self.health.record_names():
-                self.health.enqueue_record(record)
-
-
 CONFIG = RunConfig()
-
-
-@dataclass(frozen=True)
-class KopfState:
-    """Kopf's own stores of watched objects, created here and handed to kopf.run (see staleness.py)."""
-
-    indexers: OperatorIndexers = field(default_factory=OperatorIndexers)
-    memories: ResourceMemories = field(default_factory=ResourceMemories)
 
 
 def in_cluster() -> bool:
@@ -312,7 +250,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
                               request_timeout=CONFIG.request_timeout,
                               user_agent=f"claimwarden/{__version__} ({identity})")
-    runtime = Runtime(cache=cache, kube=kube, kopf_state=memo.kopf_state)
+    runtime = Runtime(cache=cache, kube=kube, workers_per_queue=CONFIG.workers, resync_seconds=CONFIG.resync_seconds,
+                      kopf_state=memo.kopf_state)
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)
         runtime.add_loop(runtime.claims.queue, runtime.claims.reconcile)
@@ -331,7 +270,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         metrics.LEADER.set(1)
         await runtime.lead()
     else:
-        runtime.elector = Elector(kube, CONFIG.election, on_started=runtime.lead, on_lost=_lost_lease)
+        runtime.elector = Elector(kube, CONFIG.election, on_started=runtime.lead, on_lost=lost_lease)
         kube.may_write = runtime.elector.holds_lease
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
@@ -351,48 +290,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
-def _lost_lease() -> None:
-    """Stop at once, as client-go's controllers do: the writes in flight are fenced, the kubelet restarts
-    this process as a standby."""
-    logging.shutdown()
-    os._exit(1)
-
-
-async def _resync(runtime: Runtime, kopf_state: KopfState | None) -> None:
-    """Every few minutes look at everything again, so nothing depends on a single event.
-
-    First forget what was deleted while a watch was down (staleness.py), then queue every key.
-    """
-    delay = min(FIRST_RESYNC_SECONDS, CONFIG.resync_seconds)
-    while True:
-        await asyncio.sleep(delay)
-        delay = CONFIG.resync_seconds
-        if kopf_state is not None:
-            forget = _forgetter(kopf_state.indexers, kopf_state.memories)
-            try:
-                for gone in await staleness.prune_stale(runtime.kube, runtime.cache, forget):
-                    if runtime.claims and gone.get("kind") == "Pod":
-                        runtime.claims.forget_pod(gone["metadata"].get("uid", ""))
-            except Exception as exc:
-                log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
-        runtime.enqueue_all()
-        if runtime.health:
-            try:
-                await runtime.health.release_orphaned_quarantine()
-            except Exception as exc:
-                log.warning("releasing orphaned quarantine claims failed: %s", exc)
-
-
-def _forgetter(indexers: OperatorIndexers,
-               memories: ResourceMemories) -> Callable[[dict[str, Any]], Awaitable[None]]:
-    """Forget one object as Kopf does on its DELETED event: in every index and in Kopf's per-object memory
-    (only the object's metadata namespace, name and uid are read)."""
-    async def forget(body: dict[str, Any]) -> None:
-        indexers.discard(cast(kopf.Body, body))
-        await memories.forget(cast(kopf.RawBody, body))
-    return forget
-
-
 def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
     samples = []
     for claim in cache.claims():
@@ -407,31 +304,13 @@ def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
-        await _drain(runtime)
-        if runtime.elector is not None:
-            await runtime.elector.release()
+        await runtime.drain()
         await runtime.kube.close()
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()
         server.server_close()
     log.info("claimwarden stopped")
-
-
-async def _drain(runtime: Runtime) -> None:
-    """Let every worker finish the key in hand (an eviction and its bookkeeping are one step),
-    then cancel what is still running after the grace period."""
-    for task in runtime.background:
-        task.cancel()
-    for queue in runtime.queues:
-        queue.close(CONFIG.workers)
-    if runtime.workers:
-        _, late = await asyncio.wait(runtime.workers, timeout=DRAIN_SECONDS)
-        for task in late:
-            task.cancel()
-    for task in (*runtime.background, *runtime.workers):
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 @kopf.on.probe(id="version")

@@ -94,7 +94,7 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import app
+    from . import app, runtime
 
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
         app.register_health_handlers()
-    kopf_state = app.KopfState()
+    kopf_state = runtime.KopfState()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
              memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state))
     return 0

@@ -1,0 +1,151 @@
+"""The running operator: its controllers, whether it leads, its workers and its periodic resync.
+
+`app.py` wires Kopf to this; leader election (`leader/`) calls `Runtime.lead` when this replica
+becomes the leader, and `app.py`'s clean-up calls `Runtime.drain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+# Kopf's own stores, handed to kopf.run(indexers=..., memories=...) so that staleness.py can forget
+# objects deleted while a watch was down.
+from kopf._core.engines.indexing import OperatorIndexers
+from kopf._core.reactor.inventory import ResourceMemories
+
+from . import staleness
+from .cache import Cache
+from .claims.controller import ClaimsController
+from .health.controller import HealthController
+from .kube.api import Kube
+from .leader.elector import Elector
+from .reservations.controller import ReservationsController
+from .workqueue import Reconcile, WorkQueue, run_workers
+
+log = logging.getLogger("claimwarden")
+
+FIRST_RESYNC_SECONDS = 15.0  # soon after start-up, once the indices are filled
+DRAIN_SECONDS = 10.0  # on SIGTERM, time for workers to finish their current key (well within the pod's 30 s)
+
+
+@dataclass(frozen=True)
+class KopfState:
+    """Kopf's own stores of watched objects, created here and handed to kopf.run (see staleness.py)."""
+
+    indexers: OperatorIndexers = field(default_factory=OperatorIndexers)
+    memories: ResourceMemories = field(default_factory=ResourceMemories)
+
+
+@dataclass
+class Runtime:
+    """The controllers of this process, reachable from Kopf handlers through the operator memo."""
+
+    cache: Cache
+    kube: Kube
+    workers_per_queue: int
+    resync_seconds: float
+    kopf_state: KopfState | None = None  # None only in tests that start no Kopf
+    claims: ClaimsController | None = None
+    reservations: ReservationsController | None = None
+    health: HealthController | None = None
+    elector: Elector | None = None
+    leading: bool = False
+    """Only the leader's events reach the queues, and only the leader's workers run."""
+    loops: list[tuple[WorkQueue, Reconcile]] = field(default_factory=list)
+    queues: list[WorkQueue] = field(default_factory=list)
+    workers: list[asyncio.Task[None]] = field(default_factory=list)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def add_loop(self, queue: WorkQueue, reconcile: Reconcile) -> None:
+        self.loops.append((queue, reconcile))
+
+    async def lead(self) -> None:
+        """Start the workers and the resync, and queue everything a standby's warm indices hold: events
+        seen before this replica led reached no queue (at a plain start-up the indices are still empty)."""
+        self.leading = True
+        for queue, reconcile in self.loops:
+            self.queues.append(queue)
+            self.workers.append(asyncio.create_task(run_workers(queue, reconcile, self.workers_per_queue),
+                                                    name=queue.name))
+        self.enqueue_all()
+        self.background.append(asyncio.create_task(self._resync(), name="resync"))
+
+    def enqueue_all(self) -> None:
+        """Every key of every controller."""
+        if self.reservations:
+            for key in self.cache.claim_keys():
+                self.reservations.enqueue_claim(*key)
+        if self.claims:
+            for key in self.cache.pod_keys():
+                self.claims.enqueue_pod(*key)
+        if self.health:
+            for name in self.cache.resource_slice_names():
+                self.health.enqueue_slice(name)
+            for record in self.health.record_names():
+                self.health.enqueue_record(record)
+
+    async def _resync(self) -> None:
+        """Every few minutes look at everything again, so nothing depends on a single event.
+
+        First forget what was deleted while a watch was down (staleness.py), then queue every key.
+        """
+        delay = min(FIRST_RESYNC_SECONDS, self.resync_seconds)
+        while True:
+            await asyncio.sleep(delay)
+            delay = self.resync_seconds
+            if self.kopf_state is not None:
+                forget = _forgetter(self.kopf_state.indexers, self.kopf_state.memories)
+                try:
+                    for gone in await staleness.prune_stale(self.kube, self.cache, forget):
+                        if self.claims and gone.get("kind") == "Pod":
+                            self.claims.forget_pod(gone["metadata"].get("uid", ""))
+                except Exception as exc:
+                    log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
+            self.enqueue_all()
+            if self.health:
+                try:
+                    await self.health.release_orphaned_quarantine()
+                except Exception as exc:
+                    log.warning("releasing orphaned quarantine claims failed: %s", exc)
+
+    async def drain(self) -> None:
+        """Let every worker finish the key in hand (an eviction and its bookkeeping are one step), then
+        cancel what is still running after the grace period; then hand the lease back."""
+        for task in self.background:
+            task.cancel()
+        for queue in self.queues:
+            queue.close(self.workers_per_queue)
+        if self.workers:
+            _, late = await asyncio.wait(self.workers, timeout=DRAIN_SECONDS)
+            for task in late:
+                task.cancel()
+        for task in (*self.background, *self.workers):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.elector is not None:
+            await self.elector.release()
+
+
+def lost_lease() -> None:
+    """Stop at once, as client-go's controllers do: the writes in flight are fenced, the kubelet restarts
+    this process as a standby."""
+    logging.shutdown()
+    os._exit(1)
+
+
+def _forgetter(indexers: OperatorIndexers,
+               memories: ResourceMemories) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """Forget one object as Kopf does on its DELETED event: in every index and in Kopf's per-object memory
+    (only the object's metadata namespace, name and uid are read)."""
+    async def forget(body: dict[str, Any]) -> None:
+        indexers.discard(cast(kopf.Body, body))
+        await memories.forget(cast(kopf.RawBody, body))
+    return forget
