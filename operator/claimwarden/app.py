@@ -26,7 +26,7 @@ from . import __version__, metrics, projections, staleness
 from .cache import Cache
 from .claims.controller import ClaimsController
 from .health import records
-from .health.controller import HealthController
+from .health.controller import HealthController, HealthSettings
 from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
@@ -71,6 +71,7 @@ class RunConfig:
     request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
     server_version: str = "unknown"
     resync_seconds: float = 300.0
+    health: HealthSettings = field(default_factory=HealthSettings)
 
 
 @dataclass
@@ -279,7 +280,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.claims = ClaimsController(cache, kube)
         runtime.start_workers(runtime.claims.queue, runtime.claims.reconcile)
     if "health" in CONFIG.controllers:
-        runtime.health = HealthController(cache, kube, CONFIG.namespace)
+        runtime.health = HealthController(cache, kube, CONFIG.namespace, CONFIG.health)
         for queue, reconcile in ((runtime.health.slice_queue, runtime.health.marks.reconcile),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.evictions.reconcile)):

@@ -44,6 +44,14 @@ def test_a_pod_being_evicted_is_not_counted_twice() -> None:
     assert not decision.open and decision.population == 40 and len(decision.counted) == 12
 
 
+def test_approved_evictions_are_not_counted_but_their_pods_stay_in_the_population() -> None:
+    evicted = tuple(Recent(f"ns/p{i}", NOW) for i in range(12))
+    approved = tuple(Recent(f"ns/p{i}", NOW) for i in range(12, 14))
+    view = DriverView(holding=pods(40) - pods(14), recent=evicted, approved_recent=approved)
+    decision = decide(DRIVER, view, Settings(), NOW)
+    assert decision.population == 40 and decision.limit == 12 and not decision.open
+
+
 def test_in_flight_evictions_take_room() -> None:
     decision = decide(DRIVER, DriverView(holding=pods(40), pending=pods(16), in_flight=11), Settings(), NOW)
     assert decision.room == 1

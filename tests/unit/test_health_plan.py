@@ -118,8 +118,8 @@ def test_taint_value_is_the_rules_value() -> None:
 
 def test_evicts_reserved_scheduled_pod() -> None:
     plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
-    assert plan == RecordPlan(evict=(eviction(),), would_evict=1, tolerated=0, holders=("ns/claim",),
-                              quarantine_needed=True)
+    assert plan == RecordPlan(evict=(eviction(),), would_evict=1, would_evict_names=("ns/pod",), tolerated=0,
+                              holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_default_effect_evicts() -> None:
@@ -218,7 +218,7 @@ def test_two_pods_sharing_a_claim_are_both_evicted_sorted() -> None:
     pods = pods_of(make_pod("zeta", uid="z-uid"), make_pod("alpha", uid="a-uid"))
     plan = plan_for(make_record(), [claim], pods)
     assert plan.evict == (eviction("alpha", "a-uid"), eviction("zeta", "z-uid"))
-    assert plan.would_evict == 2
+    assert plan.would_evict == 2 and plan.would_evict_names == ("ns/alpha", "ns/zeta")
 
 
 def test_evictions_sorted_by_namespace_then_pod() -> None:
@@ -291,6 +291,7 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
     plan = plan_for(make_record("None"), [*claims, forever], pods)
     assert plan.evict == ()
     assert plan.would_evict == 1
+    assert plan.would_evict_names == ("ns/pod",)  # the tolerating pod is not previewed
     assert plan.tolerated == 1
     assert plan.quarantine_needed is False
     assert plan.holders == ("ns/claim", "ns/forever")
@@ -298,7 +299,8 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
 
 def test_no_schedule_evicts_nobody_but_needs_quarantine() -> None:
     plan = plan_for(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
-    assert plan == RecordPlan(would_evict=1, holders=("ns/claim",), quarantine_needed=True)
+    assert plan == RecordPlan(would_evict=1, would_evict_names=("ns/pod",), holders=("ns/claim",),
+                              quarantine_needed=True)
 
 
 def test_record_without_device_plans_nothing() -> None:

@@ -15,8 +15,8 @@ computes the same). The limit is a fraction of the pods holding devices of that 
   ValidatingAdmissionPolicy) is outside the breaker: its pods are neither counted nor held back.
 
 The "pods holding devices" of a driver are those in `reservedFor` of the claims allocated one of
-its devices, plus the pods evicted in the window (they held one until claimwarden evicted them;
-without them the limit would shrink with every eviction). Pods are identified by "namespace/name",
+its devices, plus the pods evicted in the window, approved or not (they held one until claimwarden
+evicted them; without them the limit would shrink with every eviction). Pods are identified by "namespace/name",
 so a pod being evicted is never counted twice.
 
 Small clusters: the fraction never allows fewer than `min_pods` (default 8, one node's worth of
@@ -84,6 +84,8 @@ class DriverView:
     """Pods that unapproved NoExecute records would evict now (tolerated pods excluded)."""
     recent: tuple[Recent, ...] = ()
     """Evictions made for unapproved records (older ones are dropped here)."""
+    approved_recent: tuple[Recent, ...] = ()
+    """Evictions made for approved records: not counted, but those pods held devices too."""
     in_flight: int = 0
     """Evictions started (slot taken) and not yet in `recent`."""
 
@@ -118,7 +120,8 @@ def decide(driver: str, view: DriverView, settings: Settings, now: datetime) -> 
         return Decision(driver=driver)
     recent = in_window(view.recent, now, settings.window)
     recent_pods = {r.pod for r in recent}
-    population = len(view.holding | recent_pods)
+    approved_pods = {r.pod for r in in_window(view.approved_recent, now, settings.window)}
+    population = len(view.holding | recent_pods | approved_pods)
     limit = settings.limit(population)
     counted = view.pending | recent_pods
     if limit is None:

@@ -46,6 +46,7 @@ DEVICE_ANNOTATION = "claimwarden.io/device"
 NODE_ANNOTATION = "claimwarden.io/node"
 RULE_NAME_PREFIX = "claimwarden-"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
+PREVIEW_NAMES_MAX = 50
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class RecordPlan:
     """Pods to evict (effect NoExecute only), sorted by (namespace, pod)."""
     would_evict: int = 0
     """Pods that would be evicted if the effect were NoExecute (filled for every effect)."""
+    would_evict_names: tuple[str, ...] = ()
+    """Those pods as sorted "namespace/name" (all of them; the status shows the first PREVIEW_NAMES_MAX)."""
     tolerated: int = 0
     """Pods using the device whose claims tolerate the taint forever."""
     holders: tuple[str, ...] = ()
@@ -197,6 +200,7 @@ def plan_record(
     return RecordPlan(
         evict=tuple(evict),
         would_evict=len(earliest),
+        would_evict_names=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in earliest)),
         tolerated=len(using - earliest.keys()),
         holders=tuple(sorted(claim_key(claim) for claim in holders)),
         quarantine_needed=effect in QUARANTINE_EFFECTS,
