@@ -118,8 +118,8 @@ def test_taint_value_is_the_rules_value() -> None:
 
 def test_evicts_reserved_scheduled_pod() -> None:
     plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
-    assert plan == RecordPlan(evict=(eviction(),), would_evict=1, would_evict_names=("ns/pod",), tolerated=0,
-                              holders=("ns/claim",), quarantine_needed=True)
+    assert plan == RecordPlan(evict=(eviction(),), pending=1, would_evict=1, would_evict_names=("ns/pod",),
+                              tolerated=0, holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_default_effect_evicts() -> None:
@@ -421,3 +421,38 @@ def test_slice_node_uses_per_device_node() -> None:
     slice_["spec"]["perDeviceNodeSelection"] = True
     slice_["spec"]["devices"][0]["nodeName"] = "node-7"
     assert slice_node([slice_], REF) == "node-7"
+
+
+# --- plan_record: drain modes -------------------------------------------------------------------
+
+def with_drain(drain: str, effect: str = "NoExecute") -> dict[str, Any]:
+    record = make_record(effect)
+    record["spec"]["drain"] = drain
+    return record
+
+
+def test_allow_completion_evicts_nobody_but_counts_the_pods_as_pending_and_quarantines() -> None:
+    plan = plan_for(with_drain("AllowCompletion"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
+    assert plan.evict == () and plan.pending == 1 and plan.quarantine_needed and plan.would_evict == 1
+
+
+def test_evict_after_evicts_at_the_deadline_or_at_a_later_toleration() -> None:
+    plan = plan_for(with_drain("EvictAfter=30m"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
+    assert plan.evict == (eviction(due=MARKED + timedelta(minutes=30)),)
+    assert plan.drain_deadline == MARKED + timedelta(minutes=30) and plan.pending == 1
+    late = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol(seconds=3600)])
+    assert plan_for(with_drain("EvictAfter=30m"), [late], pods_of(make_pod())).evict[0].due == \
+        MARKED + timedelta(hours=1)
+
+
+def test_a_finished_pod_is_no_longer_pending() -> None:
+    pod = make_pod()
+    pod["status"]["phase"] = "Succeeded"
+    plan = plan_for(with_drain("AllowCompletion"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(pod))
+    assert plan.pending == 0
+
+
+def test_drain_changes_nothing_for_other_effects() -> None:
+    plan = plan_for(with_drain("EvictAfter=1m", "NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])],
+                    pods_of(make_pod()))
+    assert plan.evict == () and plan.pending == 0 and plan.drain_deadline is None

@@ -289,11 +289,11 @@ class HealthController:
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
-        pending = len(record_plan.evict)
+        pending = record_plan.pending
         evicted = self.evictions.evicted(record)
+        drain = records.record_drain(record)
         if effect == "NoExecute":
-            evicting = ("True", "PodsPendingEviction", f"{pending} pod(s) still to evict") if pending else (
-                "False", "Completed", f"{evicted} pod(s) evicted, none pending")
+            evicting = _evicting(pending, evicted, drain, record_plan.drain_deadline)
         else:
             evicting = ("False", "NoEviction", f"effect {effect} evicts nothing; "
                         f"{record_plan.would_evict} pod(s) would be evicted by NoExecute")
@@ -353,6 +353,20 @@ class HealthController:
             await self.kube.post_event(involved, event_type, reason, message)
         except ApiError as exc:
             log.warning("could not post event %s on %s: %s", reason, involved["metadata"].get("name"), exc)
+
+
+def _evicting(pending: int, evicted: int, drain: records.Drain,
+              deadline: datetime.datetime | None) -> tuple[str, str, str]:
+    """The Evicting condition of a NoExecute record: (status, reason, message), saying why pods wait."""
+    if not pending:
+        return "False", "Completed", f"{evicted} pod(s) evicted, none pending"
+    if drain.mode == records.DRAIN_ALLOW_COMPLETION:
+        return ("False", "WaitingForCompletion", f"{pending} pod(s) may run to completion (drain AllowCompletion); "
+                "the device takes no new work")
+    if deadline is not None and deadline > now():
+        return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
+                f"(drain {drain}), then they are evicted; the device takes no new work")
+    return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
 
 
 def _condition_true(record: Body, kind: str) -> bool:

@@ -97,6 +97,11 @@ class Evictions:
             self._pdb_attempts.pop(key, None)
             return
         record, pod, ref = target
+        wait = _drain_wait(record)
+        if wait is None:
+            return
+        if wait > 0:
+            raise Requeue(wait, "drain")
         # From here to the call no `await` may come between taking room and using it (see the docstring).
         if not self._breaker_room(record, ref.driver):
             return
@@ -205,3 +210,17 @@ class Evictions:
         except ApiError as exc:
             if not exc.not_found:
                 log.warning("could not store the eviction count of record %s: %s", name, exc)
+
+
+def _drain_wait(record: Body) -> float | None:
+    """Seconds the record's drain mode still lets its pods run (0: evict now; None: never evict)."""
+    drain = records.record_drain(record)
+    if drain.mode == records.DRAIN_ALLOW_COMPLETION:
+        return None
+    if drain.mode != records.DRAIN_EVICT_AFTER or drain.after is None:
+        return 0.0
+    marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
+        record["metadata"].get("creationTimestamp"))
+    if marked_at is None:
+        return 0.0
+    return max((marked_at + drain.after - now()).total_seconds(), 0.0)

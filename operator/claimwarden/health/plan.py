@@ -7,17 +7,20 @@ keep new work away from it: the quarantine ResourceClaim and, where served, a De
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from claimwarden.health.records import (
+    DRAIN_ALLOW_COMPLETION,
+    DRAIN_EVICT_AFTER,
     NAME_MAX,
     RECORD_LABEL,
     TAINT_KEY,
     TAINT_VALUE,
     DeviceRef,
     label_value,
+    record_drain,
     record_effect,
     record_ref,
     truncate_name,
@@ -65,7 +68,11 @@ class RecordPlan:
     """Everything the health controller should do about one record's device."""
 
     evict: tuple[Eviction, ...] = ()
-    """Pods to evict (effect NoExecute only), sorted by (namespace, pod)."""
+    """Pods to evict (effect NoExecute only, not with drain AllowCompletion), sorted by (namespace, pod)."""
+    pending: int = 0
+    """Pods a NoExecute record still has to get off the device: to evict, or waiting to complete."""
+    drain_deadline: datetime | None = None
+    """Drain EvictAfter: until when the pods may finish by themselves."""
     would_evict: int = 0
     """Pods that would be evicted if the effect were NoExecute (filled for every effect)."""
     would_evict_names: tuple[str, ...] = ()
@@ -197,8 +204,17 @@ def plan_record(
             if current is None or due < current.due:
                 earliest[pod] = Eviction(pod[0], pod[1], pod[2], str(metadata(claim).get("name") or ""), due)
     evict = sorted(earliest.values(), key=lambda e: (e.namespace, e.pod)) if effect == NO_EXECUTE else []
+    # Drain modes (README "Drain modes"): AllowCompletion evicts nobody, EvictAfter not before its deadline.
+    drain = record_drain(record)
+    deadline = marked_at + drain.after if drain.mode == DRAIN_EVICT_AFTER and drain.after is not None else None
+    if drain.mode == DRAIN_ALLOW_COMPLETION:
+        evict = []
+    elif deadline is not None:
+        evict = [replace(e, due=max(e.due, deadline)) for e in evict]
     return RecordPlan(
         evict=tuple(evict),
+        pending=len(earliest) if effect == NO_EXECUTE else 0,
+        drain_deadline=deadline if effect == NO_EXECUTE else None,
         would_evict=len(earliest),
         would_evict_names=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in earliest)),
         tolerated=len(using - earliest.keys()),
