@@ -193,7 +193,7 @@ class HealthController:
         return [r["metadata"]["name"] for r in self.cache.records()
                 if (ref := records.record_ref(r)) is not None and ref.driver == driver]
 
-    async def _note_breaker(self, decision: breaker.Decision, record: Body) -> None:
+    async def _note_breaker(self, decision: breaker.Decision, record: Body | None) -> None:
         """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
         driver looked at again (their EvictionPaused conditions)."""
         driver = decision.driver
@@ -211,7 +211,7 @@ class HealthController:
         # was reported already.
         reported = any(_condition_true(r, breaker.CONDITION) for r in self.cache.records()
                        if (ref := records.record_ref(r)) is not None and ref.driver == driver)
-        if not reported:
+        if not reported and record is not None:
             await self._event(record, "Warning", BREAKER_OPEN, decision.reason)
 
     # --- records ------------------------------------------------------------------------------
@@ -221,6 +221,10 @@ class HealthController:
         record = self.cache.record(name)
         if record is None:
             self._forget_record(name)
+            # Fewer marks in force (and the record's evictions leave the window with it): a breaker may close,
+            # even when no record of its driver is left to reconcile.
+            for driver in [d for d, is_open in self._open.items() if is_open]:
+                await self._note_breaker(self.decision(driver), None)
             claims = self.quarantine.claims_of(name)
             # Freeing a device is destructive: confirm the record is really gone first.
             if claims and await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
@@ -337,11 +341,7 @@ class HealthController:
 
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
-        driver, _ = self._pending.pop(name, ("", frozenset()))
-        # Fewer marks in force (and the record's evictions leave the window with it): a breaker may close.
-        for other_driver in {driver} | {d for d, is_open in self._open.items() if is_open}:
-            for other in self._records_of_driver(other_driver) if other_driver else []:
-                self.record_queue.add(other)
+        self._pending.pop(name, None)
         self.evictions.forget(name)
         for key in [k for k, names in self._claim_records.items() if name in names]:
             self._claim_records[key].discard(name)
