@@ -79,6 +79,7 @@ class HealthController:
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
         self._open: dict[str, bool] = {}
+        self._shown: dict[str, tuple[bool, int, int | None]] = {}
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
@@ -197,12 +198,17 @@ class HealthController:
         """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
         driver looked at again (their EvictionPaused conditions)."""
         driver = decision.driver
+        # While open, a change in what is counted or in the limit refreshes the records' messages too.
+        shown = (decision.open, len(decision.counted), decision.limit) if decision.open else (False, 0, None)
+        if self._shown.get(driver, (False, 0, None)) == shown:
+            return
+        self._shown[driver] = shown
+        for name in self._records_of_driver(driver):
+            self.record_queue.add(name)
         if self._open.get(driver, False) == decision.open:
             return
         self._open[driver] = decision.open
         metrics.EVICTION_BREAKER_OPEN.labels(driver).set(1 if decision.open else 0)
-        for name in self._records_of_driver(driver):
-            self.record_queue.add(name)
         if not decision.open:
             log.info("eviction breaker for driver %s closed", driver)
             return
