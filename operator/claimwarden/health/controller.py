@@ -41,6 +41,7 @@ RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 BREAKER_OPEN = "EvictionBreakerOpen"
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
+IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class HealthController:
             kube=kube, post_event=self._event, on_evicted=self.enqueue_record,
             breaker_settings=self.settings.breaker,
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
-            decide=self.decision, on_paused=lambda name, delay: self.record_queue.add_after(name, delay))
+            decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
+                name, _until_room(decision, now())))
         self._memory: dict[str, RecordMemory] = {}
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
@@ -267,8 +269,8 @@ class HealthController:
         if decision.allows() or approved is not None:
             for eviction in record_plan.evict:
                 self.evictions.schedule(name, eviction, moment)
-        elif decision.frees_at is not None:
-            self.record_queue.add_after(name, (decision.frees_at - moment).total_seconds() + 1)
+        else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
+            self.record_queue.add_after(name, _until_room(decision, moment))
         await self._note_breaker(decision, record)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved)
@@ -373,6 +375,13 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
         return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
                 f"(drain {drain}), then they are evicted; the device takes no new work")
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
+
+
+def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
+    """Seconds until the breaker may have room again."""
+    if decision.frees_at is None:
+        return IN_FLIGHT_RECHECK
+    return max((decision.frees_at - moment).total_seconds(), 0.0) + 1
 
 
 def _condition_true(record: Body, kind: str) -> bool:

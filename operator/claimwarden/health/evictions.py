@@ -49,9 +49,10 @@ class Evictions:
 
     def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str], None],
                  breaker_settings: breaker.Settings, budget: TokenBucket,
-                 decide: Decide | None = None, on_paused: Callable[[str, float], None] | None = None) -> None:
-        """`decide(driver)`: the breaker's decision now; `on_paused(record, seconds)`: look at the record
-        again after that long (None in tests that use no breaker)."""
+                 decide: Decide | None = None,
+                 on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
+        """`decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
+        record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
         self.queue = WorkQueue("health-evictions")
         self.breaker_settings = breaker_settings
@@ -154,8 +155,8 @@ class Evictions:
             decision = self.decide(driver)
             if not decision.allows():
                 metrics.EVICTIONS_DEFERRED.labels("breaker").inc()
-                if self._on_paused is not None and decision.frees_at is not None:
-                    self._on_paused(record["metadata"]["name"], (decision.frees_at - now()).total_seconds() + 1)
+                if self._on_paused is not None:
+                    self._on_paused(record["metadata"]["name"], decision)
                 return False
         self._in_flight[driver] = self._in_flight.get(driver, 0) + 1
         return True
