@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -20,7 +20,7 @@ from . import __version__, metrics, projections
 from .cache import Cache
 from .claims.controller import ClaimsController
 from .health import records
-from .health.controller import HealthController
+from .health.controller import HealthController, HealthSettings
 from .health.plan import is_quarantine_claim
 from .kube.api import Kube
 from .kube.login import client_configuration, connection_info
@@ -65,6 +65,7 @@ class RunConfig:
     server_version: str = "unknown"
     resync_seconds: float = 300.0
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
+    health: HealthSettings = field(default_factory=HealthSettings)
 
 
 CONFIG = RunConfig()
@@ -256,7 +257,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.claims = ClaimsController(cache, kube)
         runtime.add_loop(runtime.claims.queue, runtime.claims.reconcile)
     if "health" in CONFIG.controllers:
-        runtime.health = HealthController(cache, kube, CONFIG.namespace)
+        runtime.health = HealthController(cache, kube, CONFIG.namespace, CONFIG.health)
         for queue, reconcile in ((runtime.health.slice_queue, runtime.health.marks.reconcile),
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.evictions.reconcile)):

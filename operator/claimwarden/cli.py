@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
@@ -40,6 +41,32 @@ def _boolean(text: str) -> bool:
     if text.lower() in ("false", "0", "no"):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction above 0 and at most 1 (1 turns the breaker off)")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pods (0 or more)")
+    return int(text)
+
+
+def _qps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate of evictions per second (0 means no budget)")
+    return value
 
 
 def _lab_cli() -> ModuleType | None:
@@ -79,6 +106,21 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="how long the leader keeps trying to renew before it gives up (default: %(default)s)")
     run.add_argument("--leader-elect-retry-period", type=_seconds, default=2.0, metavar="SECONDS",
                      help="time between tries to acquire or renew (default: %(default)s)")
+    run.add_argument("--breaker-max-fraction", type=_fraction, default=0.3,
+                     help="eviction breaker: open when NoExecute marks would evict, with the evictions of the "
+                          "window, more than this fraction of the pods holding a driver's devices; 1 turns it "
+                          "off (default: %(default)s)")
+    run.add_argument("--breaker-max-pods", type=_count, default=None,
+                     help="eviction breaker: also open above this many pods per driver (default: off)")
+    run.add_argument("--breaker-min-pods", type=_count, default=8,
+                     help="eviction breaker: the fraction never allows fewer than this many pods, so one broken "
+                          "node is always emptied at once (default: %(default)s)")
+    run.add_argument("--breaker-window", type=_seconds, default=600.0,
+                     help="eviction breaker: seconds evictions are remembered (default: %(default)s)")
+    run.add_argument("--eviction-qps", type=_qps, default=10.0,
+                     help="eviction budget: Eviction API calls per second, 0 means no budget (default: %(default)s)")
+    run.add_argument("--eviction-burst", type=_count, default=20,
+                     help="eviction budget: calls that may go out at once (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -95,6 +137,8 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from . import app, runtime
+    from .health import breaker
+    from .health.controller import HealthSettings
 
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
@@ -118,6 +162,10 @@ def _run(args: argparse.Namespace) -> int:
             print(f"claimwarden: {'; '.join(election.problems())}", file=sys.stderr)
             return 2
         app.CONFIG.election = election
+    app.CONFIG.health = HealthSettings(
+        breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
+                                 min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
+        eviction_qps=args.eviction_qps, eviction_burst=max(args.eviction_burst, 1))
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:

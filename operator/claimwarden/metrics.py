@@ -73,6 +73,12 @@ EVICTIONS = Counter("claimwarden_evictions_total", "Eviction attempts for pods o
 EVICTION_LATENCY = Histogram("claimwarden_eviction_latency_seconds", "Time from a device being marked unhealthy "
                              "to one of its pods being evicted.", registry=REGISTRY,
                              buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
+EVICTION_BREAKER_OPEN = Gauge("claimwarden_eviction_breaker_open", "1 while the eviction breaker of a driver is "
+                              "open: its NoExecute marks would evict, together with the evictions of the last "
+                              "window, more pods than the limit.", ["driver"], registry=REGISTRY)
+EVICTIONS_DEFERRED = Counter("claimwarden_evictions_deferred_total", "Evictions held back before the Eviction API "
+                             "call, by reason (breaker: the eviction breaker is open and its room is used up; "
+                             "budget: the eviction budget has no token yet).", ["reason"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
 

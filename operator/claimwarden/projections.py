@@ -84,6 +84,6 @@ def resource_slice(body: Mapping[str, Any]) -> Body:
 
 def record(body: Mapping[str, Any]) -> Body:
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-            "metadata": _meta(body, "labels", "generation"),
+            "metadata": _meta(body, "labels", "annotations", "generation"),
             "spec": copy.deepcopy(dict(body.get("spec") or {})),
             "status": copy.deepcopy(dict(body.get("status") or {}))}

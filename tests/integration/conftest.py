@@ -33,17 +33,20 @@ CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 BASE = Path(__file__).resolve().parents[2] / "manifests" / "base"
+APPROVAL = Path(__file__).resolve().parents[2] / "manifests" / "approval"
 SERVICE_ACCOUNT = ("claimwarden-system", "claimwarden")
 
 
 def install_crds(state: cluster.LabState) -> None:
-    """Install what claimwarden needs as a user would: the CRDs, its namespace, ServiceAccount and RBAC.
+    """Install what claimwarden needs as a user would: the CRDs, the approval policy, its namespace,
+    ServiceAccount and RBAC.
 
     claimwarden then runs in every integration test as that ServiceAccount (a real token from the
     TokenRequest API), so the suites prove the ClusterRole is enough.
     """
     kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
     subprocess.run([*kubectl, "apply", "-k", str(CRDS)], check=True, capture_output=True)
+    subprocess.run([*kubectl, "apply", "-k", str(APPROVAL)], check=True, capture_output=True)
     for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "leader-election-rbac.yaml"):
         subprocess.run([*kubectl, "apply", "-f", str(BASE / name)], check=True, capture_output=True)
     subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",

@@ -42,3 +42,18 @@ def test_a_bad_driver_is_refused_with_a_clear_message(api: client.ApiClient) -> 
 def test_every_name_a_slice_may_use_is_accepted(api: client.ApiClient) -> None:
     _create(api, pool="cluster.local/rack-7/node-1")
     _create(api, driver="GPU.Example.com", pool="node-1", device="gpu-7")
+
+
+@pytest.mark.parametrize("drain", ["Soon", "EvictAfter", "EvictAfter=", "EvictAfter=30", "EvictAfter=2d",
+                                   "immediate"])
+def test_a_bad_drain_is_refused_with_the_syntax(api: client.ApiClient, drain: str) -> None:
+    with pytest.raises(client.ApiException) as refused:
+        _create(api, drain=drain)
+    assert refused.value.status == 422
+    assert "drain must be Immediate, AllowCompletion or EvictAfter=<duration>" in json.loads(
+        refused.value.body)["message"]
+
+
+def test_every_drain_mode_is_accepted(api: client.ApiClient) -> None:
+    for drain in ("Immediate", "AllowCompletion", "EvictAfter=30m", "EvictAfter=1h30m", "EvictAfter=45s"):
+        _create(api, drain=drain)

@@ -180,6 +180,7 @@ def test_effect_none_reports_what_would_be_evicted_and_evicts_nothing(
         record = wait_for("podsWouldEvict 2", lambda: (
             r if ((r := record_for(api, pool, device)) or {}).get("status", {}).get("podsWouldEvict") == 2 else None))
         assert record["status"]["podsEvicted"] == 0 and record["status"]["quarantineClaims"] == []
+        assert record["status"]["podsWouldEvictNames"] == [f"{namespace}/first", f"{namespace}/second"]
         time.sleep(3)
         core = client.CoreV1Api(api)
         assert _running(core, namespace, "first") and _running(core, namespace, "second")

@@ -18,8 +18,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from claimwarden_lab.cluster import LabState
 from claimwarden_lab.processes import free_port
 
+from .conftest import service_account_kubeconfig
 from .health_helpers import device_of, mark, unmark, wait_gone
 from .helpers import pod_with_claims, stop_process, template, wait_for
 from .operator import Operator, fetch
@@ -28,7 +30,7 @@ MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
 RULES_NAME = "claimwarden-rules.yaml"  # what alerts_test.yaml's rule_files names
 JOB = "claimwarden"  # the ServiceMonitor's jobLabel value; the rules match job="claimwarden"
 PROMETHEUS, PROMTOOL = Path("/usr/bin/prometheus"), Path("/usr/bin/promtool")
-ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB",
+ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB", "ClaimwardenEvictionBreakerOpen",
           "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent"}
 
 
@@ -183,3 +185,45 @@ def test_prometheus_sees_a_device_marked_evicted_and_cleared(
                  lambda: (prometheus.query(tainted_query) or 0) == before, 60)
     finally:
         prometheus.stop()
+
+
+def test_prometheus_sees_the_eviction_breaker_open_and_close(
+        api: client.ApiClient, namespace: str, lab: LabState, claimwarden: Operator, rules_dir: Path,
+        tmp_path: Path) -> None:
+    """A claimwarden of its own with `--breaker-max-pods=1` (the session's is stopped meanwhile, so that
+    one process evicts): two marked pods, one evicted, the breaker open, its alert pending."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    for name in ("first", "second"):
+        core.create_namespaced_pod(namespace, body=pod_with_claims(
+            name, [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]))
+    for name in ("first", "second"):
+        wait_for(f"{name} Running", lambda name=name: core.read_namespaced_pod(name, namespace).status.phase ==
+                 "Running")
+    devices = [device_of(api, namespace, name) for name in ("first", "second")]
+    gauge = 'claimwarden_eviction_breaker_open{driver="gpu.example.com"}'
+    with claimwarden.stopped():
+        own = Operator(service_account_kubeconfig(lab), tmp_path / "claimwarden.log", extra=["--breaker-max-pods=1"])
+        own.start()
+        prometheus = Prometheus(rules_dir, rules_dir / RULES_NAME, own.metrics_port)
+        try:
+            wait_for("prometheus /-/ready", prometheus.ready, 60)
+            for pool, device in devices:
+                mark(api, pool, device, "two at once")
+            wait_for("prometheus to show the breaker open", lambda: prometheus.query(gauge) == 1, 60)
+            alerts = wait_for("the alert pending", lambda: [
+                a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] ==
+                "ClaimwardenEvictionBreakerOpen"], 30)
+            assert alerts[0]["labels"]["driver"] == "gpu.example.com" and alerts[0]["state"] in ("pending", "firing")
+            assert (prometheus.query('sum(claimwarden_evictions_deferred_total{reason="breaker"})') or 0) >= 1
+            running = [p.metadata.name for p in core.list_namespaced_pod(namespace).items
+                       if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            assert len(running) == 1, running
+            for pool, device in devices:
+                unmark(api, pool, device)
+            wait_for("prometheus to show the breaker closed", lambda: prometheus.query(gauge) == 0, 60)
+        finally:
+            for pool, device in devices:
+                unmark(api, pool, device)
+            prometheus.stop()
+            own.stop()

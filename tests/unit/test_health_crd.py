@@ -62,7 +62,7 @@ def test_no_preserve_unknown_fields_anywhere(crd: dict[str, Any]) -> None:
 def test_spec_required_fields(schema: dict[str, Any]) -> None:
     spec = schema["properties"]["spec"]
     assert sorted(spec["required"]) == ["device", "driver", "effect", "pool", "reason"]
-    assert set(spec["properties"]) == {"driver", "pool", "device", "effect", "reason", "source", "expiresAt"}
+    assert set(spec["properties"]) == {"driver", "pool", "device", "effect", "reason", "source", "expiresAt", "drain"}
 
 
 def test_spec_field_constraints(schema: dict[str, Any]) -> None:
@@ -100,6 +100,9 @@ def test_status_fields(schema: dict[str, Any]) -> None:
         assert props[counter]["type"] == "integer"
     assert props["quarantineClaims"]["items"] == {"type": "string"}
     assert props["deviceTaintRule"]["type"] == "string"
+    assert props["podsWouldEvictNames"]["maxItems"] == 50
+    assert props["recentEvictions"]["items"]["required"] == ["pod", "at"]
+    assert set(props["approval"]["properties"]) == {"by", "at"}
 
 
 def test_status_conditions_are_standard(schema: dict[str, Any]) -> None:
@@ -116,7 +119,7 @@ def test_status_conditions_are_standard(schema: dict[str, Any]) -> None:
 
 def test_printer_columns(version: dict[str, Any]) -> None:
     columns = {column["name"]: column for column in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Pending", "Evicted", "Age"]
+    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Drain", "Pending", "Evicted", "Age"]
     assert columns["Driver"]["jsonPath"] == ".spec.driver"
     assert columns["Driver"]["priority"] == 1
     assert columns["Pool"]["jsonPath"] == ".spec.pool"
@@ -126,7 +129,8 @@ def test_printer_columns(version: dict[str, Any]) -> None:
     assert columns["Pending"]["jsonPath"] == ".status.podsPending"
     assert columns["Evicted"]["jsonPath"] == ".status.podsEvicted"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-    assert all("priority" not in column for name, column in columns.items() if name != "Driver")
+    assert columns["Drain"] == {"name": "Drain", "type": "string", "jsonPath": ".spec.drain", "priority": 1}
+    assert all("priority" not in column for name, column in columns.items() if name not in ("Driver", "Drain"))
 
 
 def _accepts(schema: dict[str, Any], field: str, value: str) -> bool:

@@ -118,8 +118,8 @@ def test_taint_value_is_the_rules_value() -> None:
 
 def test_evicts_reserved_scheduled_pod() -> None:
     plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
-    assert plan == RecordPlan(evict=(eviction(),), would_evict=1, tolerated=0, holders=("ns/claim",),
-                              quarantine_needed=True)
+    assert plan == RecordPlan(evict=(eviction(),), pending=1, would_evict=1, would_evict_names=("ns/pod",),
+                              tolerated=0, holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_default_effect_evicts() -> None:
@@ -218,7 +218,7 @@ def test_two_pods_sharing_a_claim_are_both_evicted_sorted() -> None:
     pods = pods_of(make_pod("zeta", uid="z-uid"), make_pod("alpha", uid="a-uid"))
     plan = plan_for(make_record(), [claim], pods)
     assert plan.evict == (eviction("alpha", "a-uid"), eviction("zeta", "z-uid"))
-    assert plan.would_evict == 2
+    assert plan.would_evict == 2 and plan.would_evict_names == ("ns/alpha", "ns/zeta")
 
 
 def test_evictions_sorted_by_namespace_then_pod() -> None:
@@ -291,6 +291,7 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
     plan = plan_for(make_record("None"), [*claims, forever], pods)
     assert plan.evict == ()
     assert plan.would_evict == 1
+    assert plan.would_evict_names == ("ns/pod",)  # the tolerating pod is not previewed
     assert plan.tolerated == 1
     assert plan.quarantine_needed is False
     assert plan.holders == ("ns/claim", "ns/forever")
@@ -298,7 +299,8 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
 
 def test_no_schedule_evicts_nobody_but_needs_quarantine() -> None:
     plan = plan_for(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
-    assert plan == RecordPlan(would_evict=1, holders=("ns/claim",), quarantine_needed=True)
+    assert plan == RecordPlan(would_evict=1, would_evict_names=("ns/pod",), holders=("ns/claim",),
+                              quarantine_needed=True)
 
 
 def test_record_without_device_plans_nothing() -> None:
@@ -419,3 +421,38 @@ def test_slice_node_uses_per_device_node() -> None:
     slice_["spec"]["perDeviceNodeSelection"] = True
     slice_["spec"]["devices"][0]["nodeName"] = "node-7"
     assert slice_node([slice_], REF) == "node-7"
+
+
+# --- plan_record: drain modes -------------------------------------------------------------------
+
+def with_drain(drain: str, effect: str = "NoExecute") -> dict[str, Any]:
+    record = make_record(effect)
+    record["spec"]["drain"] = drain
+    return record
+
+
+def test_allow_completion_evicts_nobody_but_counts_the_pods_as_pending_and_quarantines() -> None:
+    plan = plan_for(with_drain("AllowCompletion"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
+    assert plan.evict == () and plan.pending == 1 and plan.quarantine_needed and plan.would_evict == 1
+
+
+def test_evict_after_evicts_at_the_deadline_or_at_a_later_toleration() -> None:
+    plan = plan_for(with_drain("EvictAfter=30m"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
+    assert plan.evict == (eviction(due=MARKED + timedelta(minutes=30)),)
+    assert plan.drain_deadline == MARKED + timedelta(minutes=30) and plan.pending == 1
+    late = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol(seconds=3600)])
+    assert plan_for(with_drain("EvictAfter=30m"), [late], pods_of(make_pod())).evict[0].due == \
+        MARKED + timedelta(hours=1)
+
+
+def test_a_finished_pod_is_no_longer_pending() -> None:
+    pod = make_pod()
+    pod["status"]["phase"] = "Succeeded"
+    plan = plan_for(with_drain("AllowCompletion"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(pod))
+    assert plan.pending == 0
+
+
+def test_drain_changes_nothing_for_other_effects() -> None:
+    plan = plan_for(with_drain("EvictAfter=1m", "NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])],
+                    pods_of(make_pod()))
+    assert plan.evict == () and plan.pending == 0 and plan.drain_deadline is None

@@ -10,18 +10,22 @@ import pytest
 
 from claimwarden.health.records import (
     ANNOTATION_PREFIX,
+    DRAIN_ANNOTATION_PREFIX,
     SLICE_LABEL,
     SOURCE_ANNOTATION,
     DeviceRef,
+    Drain,
     MarkError,
     SliceMark,
     SliceSync,
     expiry_error,
     is_expired,
     label_value,
+    parse_drain,
     parse_slice_marks,
     plan_slice,
     record_body,
+    record_drain,
     record_effect,
     record_name,
     record_ref,
@@ -293,7 +297,7 @@ def test_record_body() -> None:
         "kind": "UnhealthyDevice",
         "metadata": {"name": record_name(ref), "labels": {SLICE_LABEL: "slice-a"}},
         "spec": {"driver": DRIVER, "pool": POOL, "device": "gpu-0", "effect": "NoExecute",
-                 "reason": "ECC errors", "source": "annotation"},
+                 "reason": "ECC errors", "source": "annotation", "drain": "Immediate"},
     }
     assert record_ref(body) == ref
 
@@ -392,3 +396,57 @@ def test_gone_slice_deletes_nothing() -> None:
     """A slice that is gone is never planned; an empty slice of the same name deletes nothing it does not list."""
     records = dict([existing("gpu-0")])
     assert plan_slice(make_slice({}, devices=()), records) == SliceSync()
+
+
+# --- drain modes --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "drain"), [
+    ("Immediate", Drain("Immediate")),
+    ("AllowCompletion", Drain("AllowCompletion")),
+    ("EvictAfter=30m", Drain("EvictAfter", timedelta(minutes=30))),
+    ("EvictAfter=1h30m", Drain("EvictAfter", timedelta(hours=1, minutes=30))),
+    ("EvictAfter=45s", Drain("EvictAfter", timedelta(seconds=45))),
+    ("EvictAfter=0s", Drain("EvictAfter", timedelta(0))),
+])
+def test_parse_drain(text: str, drain: Drain) -> None:
+    assert parse_drain(text) == drain
+    assert parse_drain(str(drain)) == drain
+
+
+@pytest.mark.parametrize("text", ["", "immediate", "EvictAfter", "EvictAfter=", "EvictAfter=30", "EvictAfter=2d",
+                                  "EvictAfter=-1m", "EvictAfter=30m10h", "EvictAfter: 30m", "Never"])
+def test_parse_drain_refuses(text: str) -> None:
+    assert parse_drain(text) is None
+
+
+def test_record_drain_defaults_to_immediate_and_a_bad_value_evicts_nothing() -> None:
+    assert record_drain({"spec": {}}) == Drain("Immediate")
+    assert record_drain({"spec": {"drain": "EvictAfter=1m"}}) == Drain("EvictAfter", timedelta(minutes=1))
+    assert record_drain({"spec": {"drain": "bogus"}}) == Drain("AllowCompletion")
+
+
+def test_a_drain_annotation_goes_into_the_mark() -> None:
+    slice_ = make_slice({mark("gpu-0"): "ECC", DRAIN_ANNOTATION_PREFIX + "gpu-0": "EvictAfter=90m",
+                         mark("gpu-1"): "hot", DRAIN_ANNOTATION_PREFIX + "gpu-2": "AllowCompletion"})
+    marks, errors = parse_slice_marks(slice_)
+    assert errors == []
+    assert [(m.ref.device, m.drain) for m in marks] == [("gpu-0", "EvictAfter=1h30m"), ("gpu-1", "Immediate")]
+    assert plan_slice(slice_, {}).create[0]["spec"]["drain"] == "EvictAfter=1h30m"
+
+
+def test_a_bad_drain_annotation_is_reported_and_changes_nothing() -> None:
+    records = dict([existing("gpu-0", "ECC")])
+    slice_ = make_slice({mark("gpu-0"): "ECC", DRAIN_ANNOTATION_PREFIX + "gpu-0": "Soon",
+                         mark("gpu-1"): "hot", DRAIN_ANNOTATION_PREFIX + "gpu-1": "EvictAfter=2d"})
+    sync = plan_slice(slice_, records)
+    assert sync.create == () and sync.update_drain == () and sync.delete == ()
+    assert [e.key for e in sync.errors] == [DRAIN_ANNOTATION_PREFIX + "gpu-0", DRAIN_ANNOTATION_PREFIX + "gpu-1"]
+    assert "'Soon' is not a drain mode; use Immediate, AllowCompletion or EvictAfter=<duration>" in \
+        sync.errors[0].message
+
+
+def test_a_changed_drain_annotation_updates_the_record() -> None:
+    records = dict([existing("gpu-0", "ECC")])
+    sync = plan_slice(make_slice({mark("gpu-0"): "ECC", DRAIN_ANNOTATION_PREFIX + "gpu-0": "AllowCompletion"}),
+                      records)
+    assert sync.update_drain == ((record_name(DeviceRef(DRIVER, POOL, "gpu-0")), "AllowCompletion"),)

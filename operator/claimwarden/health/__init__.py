@@ -2,11 +2,14 @@
 
 Modules, by what they decide or do:
 
-- ``records``, ``tolerations``, ``plan``: pure decisions (marks, eviction times, object bodies).
+- ``records``, ``tolerations``, ``plan``: pure decisions (marks, drain modes, eviction times, object bodies).
+- ``breaker``, ``budget``: pure decisions on how much may be evicted: the blast-radius breaker per
+  driver and the eviction budget's token bucket (README "What claimwarden will not do without asking").
 - ``marks``: slice annotations -> UnhealthyDevice records.
 - ``controller``: one record at a time: quarantine, status, which pods to evict and when.
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
-- ``evictions``: one pod at a time, through the Eviction API.
+- ``evictions``: one pod at a time, through the Eviction API, after the drain mode, the breaker and
+  the budget allow it.
 
 **The quarantine trap** (README "Keeping new work away"). A quarantine claim is a ResourceClaim in
 claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never

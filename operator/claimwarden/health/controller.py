@@ -2,13 +2,21 @@
 
 Three queues: slices (``marks``), records (here: quarantine, taint rule, status, which pods to
 evict and when) and evictions (``evictions``, one key per pod). The decisions are in records.py,
-tolerations.py and plan.py.
+tolerations.py, plan.py and breaker.py.
+
+The breaker is decided per driver over all NoExecute records at once (``decision``): each record
+reconcile leaves the pods it would evict in ``_pending``, and the decision joins them with every
+record's evictions in the window (kept by ``evictions``, seeded from the records' status). A record
+reconcile schedules its evictions only while the breaker has room; the eviction worker asks again
+right before the call and takes the room then, so a stale view here can delay an eviction but
+never let one more through.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -20,7 +28,8 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, resolve_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import plan, records
+from . import breaker, plan, records
+from .budget import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from .evictions import Evictions
 from .marks import Marks
 from .quarantine import Quarantine
@@ -30,6 +39,18 @@ log = logging.getLogger("claimwarden.health")
 
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
+BREAKER_OPEN = "EvictionBreakerOpen"
+HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
+IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """What `claimwarden run` was told about evicting (README "What claimwarden will not do without asking")."""
+
+    breaker: breaker.Settings = field(default_factory=breaker.Settings)
+    eviction_qps: float = DEFAULT_QPS
+    eviction_burst: int = DEFAULT_BURST
 
 
 @dataclass
@@ -42,15 +63,26 @@ class RecordMemory:
 
 
 class HealthController:
-    def __init__(self, cache: Cache, kube: Kube, namespace: str) -> None:
+    def __init__(self, cache: Cache, kube: Kube, namespace: str, settings: HealthSettings | None = None) -> None:
         self.cache = cache
         self.kube = kube
         self.namespace = namespace
+        self.settings = settings or HealthSettings()
         self.record_queue = WorkQueue("health-records")
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
-        self.evictions = Evictions(kube=kube, post_event=self._event, on_evicted=self.enqueue_record)
+        self.evictions = Evictions(
+            kube=kube, post_event=self._event, on_evicted=self.enqueue_record,
+            breaker_settings=self.settings.breaker,
+            budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
+            decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
+                name, _until_room(decision, now())))
         self._memory: dict[str, RecordMemory] = {}
+        # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
+        self._pending: dict[str, tuple[str, frozenset[str]]] = {}
+        self._open: dict[str, bool] = {}
+        self._shown: dict[str, tuple[bool, int, int | None]] = {}
+        self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
 
@@ -130,6 +162,66 @@ class HealthController:
     def record_effects(self) -> list[str]:
         return [records.record_effect(r) for r in self.cache.records()]
 
+    # --- the breaker (breaker.py decides) -----------------------------------------------------
+
+    def decision(self, driver: str) -> breaker.Decision:
+        """The breaker's decision for the driver now, over all its NoExecute records."""
+        settings = self.settings.breaker
+        if not settings.enabled:
+            return breaker.Decision(driver=driver)
+        pending: set[str] = set()
+        for pending_driver, pods in self._pending.values():
+            if pending_driver == driver:
+                pending |= pods
+        recent: list[breaker.Recent] = []
+        approved: list[breaker.Recent] = []
+        for record in self.cache.records():
+            ref = records.record_ref(record)
+            if ref is not None and ref.driver == driver:
+                (recent if breaker.approved_by(record) is None else approved).extend(self.evictions.recent(record))
+        view = breaker.DriverView(holding=frozenset(self._holding_pods().get(driver, set())),
+                                  pending=frozenset(pending), recent=tuple(recent), approved_recent=tuple(approved),
+                                  in_flight=self.evictions.in_flight(driver))
+        return breaker.decide(driver, view, settings, now())
+
+    def _holding_pods(self) -> dict[str, set[str]]:
+        """driver -> pods holding its devices: one pass over the claims, reused for HOLDING_TTL seconds."""
+        taken, holding = self._holding
+        if time.monotonic() - taken >= HOLDING_TTL:
+            holding = breaker.holding_pods(self.cache.claims(), self.namespace)
+            self._holding = (time.monotonic(), holding)
+        return holding
+
+    def _records_of_driver(self, driver: str) -> list[str]:
+        return [r["metadata"]["name"] for r in self.cache.records()
+                if (ref := records.record_ref(r)) is not None and ref.driver == driver]
+
+    async def _note_breaker(self, decision: breaker.Decision, record: Body | None) -> None:
+        """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
+        driver looked at again (their EvictionPaused conditions)."""
+        driver = decision.driver
+        # While open, a change in what is counted or in the limit refreshes the records' messages too.
+        shown = (decision.open, len(decision.counted), decision.limit) if decision.open else (False, 0, None)
+        if self._shown.get(driver, (False, 0, None)) == shown:
+            return
+        self._shown[driver] = shown
+        for name in self._records_of_driver(driver):
+            self.record_queue.add(name)
+        if self._open.get(driver, False) == decision.open:
+            return
+        self._open[driver] = decision.open
+        metrics.EVICTION_BREAKER_OPEN.labels(driver).set(1 if decision.open else 0)
+        if not decision.open:
+            log.info("eviction breaker for driver %s closed", driver)
+            return
+        log.warning("%s", decision.reason)
+        # After a restart the breaker is found open again: a record still showing the condition says it
+        # was reported already.
+        reported = any(_condition_true(r, breaker.CONDITION) for r in self.cache.records()
+                       if (ref := records.record_ref(r)) is not None and ref.driver == driver)
+        if not reported and record is not None:
+            await self._event(record, "Warning", BREAKER_OPEN, decision.reason)
+
     # --- records ------------------------------------------------------------------------------
 
     async def reconcile_record(self, key: Hashable) -> None:
@@ -137,6 +229,10 @@ class HealthController:
         record = self.cache.record(name)
         if record is None:
             self._forget_record(name)
+            # Fewer marks in force (and the record's evictions leave the window with it): a breaker may close,
+            # even when no record of its driver is left to reconcile.
+            for driver in [d for d, is_open in self._open.items() if is_open]:
+                await self._note_breaker(self.decision(driver), None)
             claims = self.quarantine.claims_of(name)
             # Freeing a device is destructive: confirm the record is really gone first.
             if claims and await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
@@ -168,9 +264,26 @@ class HealthController:
         memory.quarantined = record_plan.quarantine_needed
         memory.holders = holders
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed)
-        for eviction in record_plan.evict:
-            self.evictions.schedule(name, eviction, moment)
-        await self._write_status(record, marked_at, record_plan, quarantine, rule)
+        approved = breaker.approved_by(record)
+        decision = self._breaker_for(record, ref, record_plan, approved)
+        if decision.allows() or approved is not None:
+            for eviction in record_plan.evict:
+                self.evictions.schedule(name, eviction, moment)
+        else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
+            self.record_queue.add_after(name, _until_room(decision, moment))
+        await self._note_breaker(decision, record)
+        paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
+        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved)
+
+    def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
+                     approved: str | None) -> breaker.Decision:
+        """Leave the record's pending pods in the breaker's view, then decide for its driver."""
+        name = record["metadata"]["name"]
+        if records.record_effect(record) == "NoExecute" and approved is None and record_plan.evict:
+            self._pending[name] = (ref.driver, frozenset(f"{e.namespace}/{e.pod}" for e in record_plan.evict))
+        else:
+            self._pending.pop(name, None)
+        return self.decision(ref.driver)
 
     def _note_holders(self, record_name: str, holders: set[str], before: set[str]) -> None:
         for holder in holders:
@@ -184,15 +297,15 @@ class HealthController:
                 self._claim_records.pop((namespace, claim), None)
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
-                            quarantine: list[str], rule: str) -> None:
+                            quarantine: list[str], rule: str, *, paused: str, approved: str | None) -> None:
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
-        pending = len(record_plan.evict)
+        pending = record_plan.pending
         evicted = self.evictions.evicted(record)
+        drain = records.record_drain(record)
         if effect == "NoExecute":
-            evicting = ("True", "PodsPendingEviction", f"{pending} pod(s) still to evict") if pending else (
-                "False", "Completed", f"{evicted} pod(s) evicted, none pending")
+            evicting = _evicting(pending, evicted, drain, record_plan.drain_deadline)
         else:
             evicting = ("False", "NoEviction", f"effect {effect} evicts nothing; "
                         f"{record_plan.would_evict} pod(s) would be evicted by NoExecute")
@@ -202,12 +315,20 @@ class HealthController:
                                                 ("False", "NotQuarantined", f"effect {effect} does not quarantine"))),
             _condition(status, "Evicting", *evicting),
         ]
+        if paused:
+            conditions.append(_condition(status, breaker.CONDITION, "True", "BreakerOpen", paused))
+        approval = None
+        if approved is not None:
+            previous = status.get("approval") or {}
+            approval = previous if previous.get("by") == approved else {"by": approved, "at": format_rfc3339(now())}
         desired = {
             "observedGeneration": record["metadata"].get("generation"),
             "markedAt": format_rfc3339(marked_at),
             "podsPending": pending,
             "podsEvicted": evicted,
             "podsWouldEvict": record_plan.would_evict,
+            "podsWouldEvictNames": list(record_plan.would_evict_names[:plan.PREVIEW_NAMES_MAX]),
+            "approval": approval,
             "quarantineClaims": quarantine,
             "deviceHolders": sorted(record_plan.holders),
             "deviceTaintRule": rule,
@@ -228,6 +349,7 @@ class HealthController:
 
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._pending.pop(name, None)
         self.evictions.forget(name)
         for key in [k for k, names in self._claim_records.items() if name in names]:
             self._claim_records[key].discard(name)
@@ -239,6 +361,32 @@ class HealthController:
             await self.kube.post_event(involved, event_type, reason, message)
         except ApiError as exc:
             log.warning("could not post event %s on %s: %s", reason, involved["metadata"].get("name"), exc)
+
+
+def _evicting(pending: int, evicted: int, drain: records.Drain,
+              deadline: datetime.datetime | None) -> tuple[str, str, str]:
+    """The Evicting condition of a NoExecute record: (status, reason, message), saying why pods wait."""
+    if not pending:
+        return "False", "Completed", f"{evicted} pod(s) evicted, none pending"
+    if drain.mode == records.DRAIN_ALLOW_COMPLETION:
+        return ("False", "WaitingForCompletion", f"{pending} pod(s) may run to completion (drain AllowCompletion); "
+                "the device takes no new work")
+    if deadline is not None and deadline > now():
+        return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
+                f"(drain {drain}), then they are evicted; the device takes no new work")
+    return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
+
+
+def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
+    """Seconds until the breaker may have room again."""
+    if decision.frees_at is None:
+        return IN_FLIGHT_RECHECK
+    return max((decision.frees_at - moment).total_seconds(), 0.0) + 1
+
+
+def _condition_true(record: Body, kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (record.get("status") or {}).get("conditions") or [])
 
 
 def _condition(status: Body, kind: str, state: str, reason: str, message: str) -> dict[str, Any]:

@@ -4,6 +4,14 @@ A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the rec
 the claim from the API, because the indices may hold objects deleted while a watch was down; a
 pod is evicted only while all three still say so. PodDisruptionBudgets hold: a refusal is retried
 with back-off until the budget allows it or the mark is cleared.
+
+Right before the call two guards apply, in this order (README "What claimwarden will not do
+without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
+eviction starts only while the driver's evictions in the window plus those in flight stay within
+its limit; taking that room and counting the eviction afterwards happen without an `await` in
+between, so concurrent workers cannot overshoot — and then the eviction budget (budget.py), one
+token per call. An eviction the breaker holds back is dropped here; its record is looked at again
+when the window frees room (approvals and cleared marks wake it through their own events).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from ..kube.errors import ApiError
 from ..podclaims import is_being_deleted, is_reserved_for
 from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
-from . import plan, records
+from . import breaker, plan, records
+from .budget import TokenBucket
 
 log = logging.getLogger("claimwarden.health")
 
@@ -34,22 +43,33 @@ EVICTED_MEMORY_SECONDS = 600.0
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
+Decide = Callable[[str], breaker.Decision]
 
 
 class Evictions:
     """The eviction queue, the PDB refusals per key, and each record's count of evicted pods."""
 
-    def __init__(self, *, kube: Kube, post_event: PostEvent,
-                 on_evicted: Callable[[str], None]) -> None:
+    def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str], None],
+                 breaker_settings: breaker.Settings, budget: TokenBucket,
+                 decide: Decide | None = None,
+                 on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
+        """`decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
+        record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
         self.queue = WorkQueue("health-evictions")
+        self.breaker_settings = breaker_settings
+        self.budget = budget
+        self.decide = decide
         self._post_event = post_event
         self._on_evicted = on_evicted
+        self._on_paused = on_paused
         self._pdb_attempts: dict[Hashable, int] = {}
         self._evicted: dict[str, int] = {}
         # pod UID -> when claimwarden evicted it: a key still queued for it then finds the pod gone,
         # which is no eviction attempt of its own to count as "gone".
         self._evicted_pods: dict[str, float] = {}
+        self._recent: dict[str, list[breaker.Recent]] = {}
+        self._in_flight: dict[str, int] = {}
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -62,8 +82,19 @@ class Evictions:
             self._evicted[name] = int((record.get("status") or {}).get("podsEvicted") or 0)
         return self._evicted[name]
 
+    def recent(self, record: Body) -> list[breaker.Recent]:
+        """The record's evictions (any age); after a restart they start from its status.recentEvictions."""
+        name = record["metadata"]["name"]
+        if name not in self._recent:
+            self._recent[name] = breaker.parse_recent(record.get("status") or {})
+        return self._recent[name]
+
+    def in_flight(self, driver: str) -> int:
+        return self._in_flight.get(driver, 0)
+
     def forget(self, record_name: str) -> None:
         self._evicted.pop(record_name, None)
+        self._recent.pop(record_name, None)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -72,9 +103,23 @@ class Evictions:
             self._pdb_attempts.pop(key, None)
             return
         record, pod, ref = target
+        wait = _drain_wait(record)
+        if wait is None:
+            return
+        if wait > 0:
+            raise Requeue(wait, "drain")
+        # From here to the call no `await` may come between taking room and using it (see the docstring).
+        if not self._breaker_room(record, ref.driver):
+            return
+        wait = self.budget.take()
+        if wait > 0:
+            self._release(ref.driver)
+            metrics.EVICTIONS_DEFERRED.labels("budget").inc()
+            raise Requeue(wait, "budget")
         try:
             await self.kube.evict_pod(namespace, pod_name, uid)
         except ApiError as exc:
+            self._release(ref.driver)
             if exc.disruption_budget:
                 raise await self._blocked(key, pod, ref, exc) from None
             if exc.throttled:  # API Priority and Fairness shedding load: not the budget, no Event
@@ -88,6 +133,11 @@ class Evictions:
                 return
             metrics.EVICTIONS.labels("error").inc()
             raise
+        except BaseException:  # a timeout or cancellation: the room is not used
+            self._release(ref.driver)
+            raise
+        self.recent(record).append(breaker.Recent(f"{namespace}/{pod_name}", now()))
+        self._release(ref.driver)
         self._pdb_attempts.pop(key, None)
         self._remember_evicted(uid)
         metrics.EVICTIONS.labels("evicted").inc()
@@ -102,6 +152,29 @@ class Evictions:
         await self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}")
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
         self._on_evicted(record_name)
+
+    def _breaker_room(self, record: Body, driver: str) -> bool:
+        """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
+        if self.decide is None or not self.breaker_settings.enabled:
+            return True
+        if breaker.approved_by(record) is None:
+            decision = self.decide(driver)
+            if not decision.allows():
+                metrics.EVICTIONS_DEFERRED.labels("breaker").inc()
+                if self._on_paused is not None:
+                    self._on_paused(record["metadata"]["name"], decision)
+                return False
+        self._in_flight[driver] = self._in_flight.get(driver, 0) + 1
+        return True
+
+    def _release(self, driver: str) -> None:
+        if self.decide is None or not self.breaker_settings.enabled:
+            return
+        left = self._in_flight.get(driver, 0) - 1
+        if left > 0:
+            self._in_flight[driver] = left
+        else:
+            self._in_flight.pop(driver, None)
 
     async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
                          claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
@@ -143,10 +216,24 @@ class Evictions:
         """Store the new count at once: it lives only in memory until the record's status has it."""
         name = record["metadata"]["name"]
         self._evicted[name] = self.evicted(record) + 1
+        recent = breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)
         try:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
-                                                       {"status": {"podsEvicted": self._evicted[name]}},
-                                                       subresource="status")
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": {
+                "podsEvicted": self._evicted[name], "recentEvictions": recent}}, subresource="status")
         except ApiError as exc:
             if not exc.not_found:
                 log.warning("could not store the eviction count of record %s: %s", name, exc)
+
+
+def _drain_wait(record: Body) -> float | None:
+    """Seconds the record's drain mode still lets its pods run (0: evict now; None: never evict)."""
+    drain = records.record_drain(record)
+    if drain.mode == records.DRAIN_ALLOW_COMPLETION:
+        return None
+    if drain.mode != records.DRAIN_EVICT_AFTER or drain.after is None:
+        return 0.0
+    marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
+        record["metadata"].get("creationTimestamp"))
+    if marked_at is None:
+        return 0.0
+    return max((marked_at + drain.after - now()).total_seconds(), 0.0)

@@ -55,6 +55,10 @@ class Marks:
         for record_name, reason in sync.update_reason:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
                                                        {"spec": {"reason": reason}})
+        for record_name, drain in sync.update_drain:
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+                                                       {"spec": {"drain": drain}})
+            log.info("slice %s: record %s drains with %s", name, record_name, drain)
         for record_name in sync.delete:
             await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
             log.info("slice %s: record %s cleared (annotation removed)", name, record_name)

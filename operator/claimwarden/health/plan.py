@@ -7,17 +7,20 @@ keep new work away from it: the quarantine ResourceClaim and, where served, a De
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from claimwarden.health.records import (
+    DRAIN_ALLOW_COMPLETION,
+    DRAIN_EVICT_AFTER,
     NAME_MAX,
     RECORD_LABEL,
     TAINT_KEY,
     TAINT_VALUE,
     DeviceRef,
     label_value,
+    record_drain,
     record_effect,
     record_ref,
     truncate_name,
@@ -46,6 +49,7 @@ DEVICE_ANNOTATION = "claimwarden.io/device"
 NODE_ANNOTATION = "claimwarden.io/node"
 RULE_NAME_PREFIX = "claimwarden-"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
+PREVIEW_NAMES_MAX = 50
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,15 @@ class RecordPlan:
     """Everything the health controller should do about one record's device."""
 
     evict: tuple[Eviction, ...] = ()
-    """Pods to evict (effect NoExecute only), sorted by (namespace, pod)."""
+    """Pods to evict (effect NoExecute only, not with drain AllowCompletion), sorted by (namespace, pod)."""
+    pending: int = 0
+    """Pods a NoExecute record still has to get off the device: to evict, or waiting to complete."""
+    drain_deadline: datetime | None = None
+    """Drain EvictAfter: until when the pods may finish by themselves."""
     would_evict: int = 0
     """Pods that would be evicted if the effect were NoExecute (filled for every effect)."""
+    would_evict_names: tuple[str, ...] = ()
+    """Those pods as sorted "namespace/name" (all of them; the status shows the first PREVIEW_NAMES_MAX)."""
     tolerated: int = 0
     """Pods using the device whose claims tolerate the taint forever."""
     holders: tuple[str, ...] = ()
@@ -194,9 +204,19 @@ def plan_record(
             if current is None or due < current.due:
                 earliest[pod] = Eviction(pod[0], pod[1], pod[2], str(metadata(claim).get("name") or ""), due)
     evict = sorted(earliest.values(), key=lambda e: (e.namespace, e.pod)) if effect == NO_EXECUTE else []
+    # Drain modes (README "Drain modes"): AllowCompletion evicts nobody, EvictAfter not before its deadline.
+    drain = record_drain(record)
+    deadline = marked_at + drain.after if drain.mode == DRAIN_EVICT_AFTER and drain.after is not None else None
+    if drain.mode == DRAIN_ALLOW_COMPLETION:
+        evict = []
+    elif deadline is not None:
+        evict = [replace(e, due=max(e.due, deadline)) for e in evict]
     return RecordPlan(
         evict=tuple(evict),
+        pending=len(earliest) if effect == NO_EXECUTE else 0,
+        drain_deadline=deadline if effect == NO_EXECUTE else None,
         would_evict=len(earliest),
+        would_evict_names=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in earliest)),
         tolerated=len(using - earliest.keys()),
         holders=tuple(sorted(claim_key(claim) for claim in holders)),
         quarantine_needed=effect in QUARANTINE_EFFECTS,

@@ -9,7 +9,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.podclaims import is_being_deleted, metadata, spec
@@ -22,6 +22,7 @@ KIND = "UnhealthyDevice"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 ANNOTATION_PREFIX = "unhealthy.claimwarden.io/"
+DRAIN_ANNOTATION_PREFIX = "drain.claimwarden.io/"
 TAINT_KEY = "claimwarden.io/unhealthy"
 TAINT_VALUE = "unhealthy"
 """The value of every claimwarden taint, simulated (eviction) or published (DeviceTaintRule) alike,
@@ -45,6 +46,14 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NOT_NAME_CHAR = re.compile(r"[^a-z0-9.-]")
 _NOT_LABEL_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Also in the CRD's rule for spec.drain: keep the two in step.
+_EVICT_AFTER = re.compile(r"^EvictAfter=(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:([0-9]{1,6})s)?$")
+
+DRAIN_IMMEDIATE = "Immediate"
+DRAIN_ALLOW_COMPLETION = "AllowCompletion"
+DRAIN_EVICT_AFTER = "EvictAfter"
+DRAIN_SYNTAX = ("Immediate, AllowCompletion or EvictAfter=<duration> "
+                "(like EvictAfter=30m, EvictAfter=1h30m, EvictAfter=45s)")
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,51 @@ def record_effect(record: dict[str, Any]) -> str:
     return str(spec(record).get("effect") or DEFAULT_EFFECT)
 
 
+@dataclass(frozen=True)
+class Drain:
+    """How a NoExecute record empties its device (spec.drain)."""
+
+    mode: str  # DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION or DRAIN_EVICT_AFTER
+    after: timedelta | None = None  # EvictAfter only
+
+    def __str__(self) -> str:
+        if self.mode != DRAIN_EVICT_AFTER or self.after is None:
+            return self.mode
+        return f"{DRAIN_EVICT_AFTER}={format_duration(self.after)}"
+
+
+def parse_drain(text: str) -> Drain | None:
+    """`Immediate`, `AllowCompletion` or `EvictAfter=<h/m/s duration>`; None for anything else."""
+    if text in (DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION):
+        return Drain(text)
+    match = _EVICT_AFTER.match(text)
+    if match is None or not any(match.groups()):
+        return None
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return Drain(DRAIN_EVICT_AFTER, timedelta(hours=hours, minutes=minutes, seconds=seconds))
+
+
+def format_duration(duration: timedelta) -> str:
+    """A duration as parse_drain reads it: "1h30m", "45s", "0s"."""
+    total = int(duration.total_seconds())
+    hours, rest = divmod(total, 3600)
+    minutes, seconds = divmod(rest, 60)
+    text = "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if value)
+    return text or "0s"
+
+
+def record_drain(record: dict[str, Any]) -> Drain:
+    """The record's spec.drain (Immediate when unset).
+
+    The CRD refuses other values; one that got in anyway (an older CRD) counts as AllowCompletion,
+    the side that evicts nothing.
+    """
+    raw = spec(record).get("drain")
+    if not raw:
+        return Drain(DRAIN_IMMEDIATE)
+    return parse_drain(str(raw)) or Drain(DRAIN_ALLOW_COMPLETION)
+
+
 def record_source(record: dict[str, Any]) -> str:
     """Who made the record: "annotation", "manual", ... ("manual" when unset, like the CRD default)."""
     return str(spec(record).get("source") or SOURCE_MANUAL)
@@ -184,6 +238,8 @@ class SliceMark:
     ref: DeviceRef
     reason: str
     slice_name: str
+    drain: str = DRAIN_IMMEDIATE
+    """From the slice's `drain.claimwarden.io/<device>` annotation, when it has one."""
 
 
 @dataclass(frozen=True)
@@ -228,13 +284,19 @@ def parse_slice_marks(slice_: dict[str, Any]) -> tuple[list[SliceMark], list[Mar
     listed = slice_devices(slice_)
     marks: list[SliceMark] = []
     errors: list[MarkError] = []
+    annotations = metadata(slice_).get("annotations") or {}
     for key, value in marked_annotations(slice_).items():
         device = marked_device(key) or ""
         problem = _mark_problem(key, device, value, name, driver, pool, listed)
+        drain_key = DRAIN_ANNOTATION_PREFIX + device
+        drain = str(annotations.get(drain_key) or DRAIN_IMMEDIATE).strip()
+        if problem is None and parse_drain(drain) is None:
+            problem = f"annotation {drain_key!r}: {drain!r} is not a drain mode; use {DRAIN_SYNTAX}"
+            key = drain_key
         if problem:
             errors.append(MarkError(name, key, problem))
         else:
-            marks.append(SliceMark(DeviceRef(driver, pool, device), value.strip(), name))
+            marks.append(SliceMark(DeviceRef(driver, pool, device), value.strip(), name, str(parse_drain(drain))))
     marks.sort(key=lambda mark: mark.ref.device)
     errors.sort(key=lambda error: error.key)
     return marks, errors
@@ -281,6 +343,7 @@ def record_body(mark: SliceMark) -> dict[str, Any]:
             "effect": DEFAULT_EFFECT,
             "reason": mark.reason,
             "source": SOURCE_ANNOTATION,
+            "drain": mark.drain,
         },
     }
 
@@ -295,6 +358,8 @@ class SliceSync:
     """Record bodies to create."""
     update_reason: tuple[tuple[str, str], ...] = ()
     """(record name, new reason) of annotation records whose reason changed."""
+    update_drain: tuple[tuple[str, str], ...] = ()
+    """(record name, new drain) of annotation records whose drain annotation changed."""
     delete: tuple[str, ...] = ()
     """Names of annotation records of this slice whose annotation is gone."""
     errors: tuple[MarkError, ...] = ()
@@ -312,15 +377,20 @@ def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) ->
     by_ref = records_by_ref(records)
     create: list[dict[str, Any]] = []
     update: list[tuple[str, str]] = []
+    update_drain: list[tuple[str, str]] = []
     for mark in marks:
         found = _existing_record(mark.ref, records, by_ref)
         if found is None:
             create.append(record_body(mark))
             continue
         name, record = found
-        if is_from_annotation(record) and not is_being_deleted(record) and record_reason(record) != mark.reason:
-            update.append((name, mark.reason))
-    return SliceSync(tuple(create), tuple(update), tuple(unmarked_records(slice_, records)), tuple(errors))
+        if is_from_annotation(record) and not is_being_deleted(record):
+            if record_reason(record) != mark.reason:
+                update.append((name, mark.reason))
+            if str(record_drain(record)) != mark.drain:
+                update_drain.append((name, mark.drain))
+    return SliceSync(create=tuple(create), update_reason=tuple(update), update_drain=tuple(update_drain),
+                     delete=tuple(unmarked_records(slice_, records)), errors=tuple(errors))
 
 
 def records_by_ref(records: Mapping[str, dict[str, Any]]) -> dict[DeviceRef, tuple[str, dict[str, Any]]]:
