@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from claimwarden_lab import cluster
 from claimwarden_lab.cluster import LabState
-from tests.integration.auditor import LabAudit
+from tests.integration.auditor import LabAudit, Rules
 from tests.integration.conftest import extra_lab, service_account_kubeconfig
 from tests.integration.helpers import pod_with_claims, template, wait_for
 from tests.integration.operator import Operator
@@ -48,7 +48,10 @@ RNG = random.Random(1234)
 
 @pytest.fixture(scope="module")
 def chaos_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
-    with extra_lab(tmp_path_factory, nodes=SCALE["nodes"], gpus_per_node=SCALE["gpus"]) as state:
+    # Several scenarios mark the same devices, so one record may be written by each: the lab-wide bound is
+    # the per-test one times the scenarios.
+    with extra_lab(tmp_path_factory, rules=Rules(max_writes=20 * 6), nodes=SCALE["nodes"],
+                   gpus_per_node=SCALE["gpus"]) as state:
         yield state
 
 

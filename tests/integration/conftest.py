@@ -24,7 +24,7 @@ from kubernetes import client, config
 from claimwarden_lab import cluster
 from claimwarden_lab.processes import LabError
 
-from .auditor import Audit, LabAudit, LogWatch, leftovers, read_objects, rules_from, shared_devices
+from .auditor import Audit, LabAudit, LogWatch, Rules, leftovers, read_objects, rules_from, shared_devices
 from .helpers import delete_namespace
 from .operator import Operator, log_paths
 
@@ -171,8 +171,12 @@ def claimwarden(operator_process: Operator) -> Operator:
 
 
 @contextlib.contextmanager
-def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Iterator[cluster.LabState]:
-    """A second lab for tests that need other options or more devices; stopped afterwards."""
+def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = None,
+              **options: Any) -> Iterator[cluster.LabState]:
+    """A second lab for tests that need other options or more devices; stopped afterwards.
+
+    Its audit covers the lab's whole life: a module that reuses the same devices in several tests
+    passes `rules` with a higher `max_writes` (and says why)."""
     directory = tmp_path_factory.mktemp("extra-lab") / "cluster"
     try:
         state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
@@ -183,7 +187,7 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, **options: Any) -> Itera
     try:
         install_crds(state)
         yield state
-        problems = lab_audit.check_events()
+        problems = lab_audit.check_events(rules or Rules())
         with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
             objects = read_objects(api)
         problems += shared_devices(objects.claims) + leftovers(objects)

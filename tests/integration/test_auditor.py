@@ -50,8 +50,10 @@ def _evict(core: client.CoreV1Api, namespace: str, name: str) -> None:
 
 
 def _plain_pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "containers": [
-        {"name": "c", "image": "registry.example/busybox:1"}]}}
+    # Never scheduled, so kwok never handles it: kwok deletes evicted pods by name, and a late delete of
+    # the first "twice" could otherwise remove the second one.
+    return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "schedulerName": "nobody",
+                                                 "containers": [{"name": "c", "image": "registry.example/busybox:1"}]}}
 
 
 def _pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:

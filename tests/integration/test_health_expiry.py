@@ -7,7 +7,7 @@ import time
 
 from kubernetes import client
 
-from claimwarden import app
+from claimwarden import runtime
 
 from .health_helpers import create_record, delete_record, holders, record_for
 from .helpers import wait_for
@@ -16,7 +16,7 @@ from .operator import Operator
 
 def test_a_lower_case_expiry_clears_the_record_on_time(api: client.ApiClient, claimwarden: Operator) -> None:
     # Past claimwarden's first resync, so only the wake-up at the expiry itself can remove the record in time.
-    time.sleep(app.FIRST_RESYNC_SECONDS + 1)
+    time.sleep(runtime.FIRST_RESYNC_SECONDS + 1)
     soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=4)
     name = "expiring-lower-case"
     create_record(api, name, "kwok-node-1", "gpu-6", "NoSchedule", "maintenance window",
