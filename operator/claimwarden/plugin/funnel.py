@@ -360,7 +360,7 @@ def selectable(ctx: Context, device: Device, req: Req) -> bool:
     """Class selectors, then request selectors, stopping at the first false; errors raise AllocError."""
     cls = ctx.snapshot.class_index.get(req.class_name)
     if cls is None:
-        raise AllocError(f"claim {req.claim_ref}: could not retrieve device class {req.class_name}", step=STEP_CLASS)
+        raise AllocError(f"claim {req.claim_ref}: device class {req.class_name} does not exist", step=STEP_CLASS)
     for number, expression in enumerate(_class_selectors(cls)):
         try:
             if not ctx.matches(device, expression):
@@ -724,7 +724,10 @@ def _explain(snapshot: Snapshot, target: str, pod: Obj | None, entries: list[tup
         _preflight(pending, groups)
         ok_nodes = [name_of(node) for node in fit_nodes if Search(ctx, pending, groups, node, held).run()]
     except AllocError as exc:
-        return done(Verdict(False, exc.step if exc.step != STEP_CLASS else STEP_CLASS, f"blocked by error: {exc}"))
+        if exc.step == STEP_CLASS:
+            return done(Verdict(False, STEP_CLASS, f"blocked by device class: {exc} (create the DeviceClass or fix "
+                                                   "deviceClassName)"))
+        return done(Verdict(False, exc.step, f"blocked by error: {exc}"))
     if ok_nodes:
         shown = ", ".join(ok_nodes[:5]) + (f" and {len(ok_nodes) - 5} more" if len(ok_nodes) > 5 else "")
         return done(Verdict(True, None, f"allocatable now on nodes {shown}", ok_nodes))
