@@ -36,7 +36,7 @@ class SelectorError(ValueError):
     """A malformed -l selector."""
 
 
-_REQUIREMENT = re.compile(r"^\s*(!?)([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([^,]*?))?\s*$")
+_REQUIREMENT = re.compile(r"^\s*(!?)([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.+-]*))?\s*$")
 
 
 def parse_selector(text: str) -> list[tuple[str, str, str | None]]:

@@ -624,7 +624,8 @@ def _nodes_text(kept: list[Device], dropped: list[Device], fit_names: set[str]) 
 def _taints_text(ctx: Context, dropped: list[Device], req: Req) -> str:
     if not dropped:
         return ""
-    taints = sorted({f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
+    taints = sorted({f"{t.get('key') or '(any key)'}" + (f"={t['value']}" if t.get("value") else "")
+                     + f":{t.get('effect')}"
                      + (f" (DeviceTaintRule {t['rule']})" if t.get("rule") else "")
                      for d in dropped for t in ctx.untolerated(d, req)})
     return f"{len(dropped)} tainted without a toleration: " + ", ".join(taints[:3])
@@ -754,7 +755,7 @@ def _blocked(reports: list[ClaimReport], pending: list[Obj]) -> Verdict:
                 furthest = max(alts, key=lambda f: FUNNEL_ORDER.index(f.blocked_at or STEP_CLASS))
                 step = furthest.blocked_at or STEP_COUNT
                 which = f"request {furthest.req.label}" if len(alts) == 1 else (
-                    f"request {alts[0].req.request} (all {len(alts)} subrequests; last: {furthest.req.sub})")
+                    f"request {alts[0].req.request} (all {len(alts)} subrequests; got furthest: {furthest.req.sub})")
                 return Verdict(False, step, f"blocked by {TITLES[step]}: claim {report.ref} {which}: "
                                             f"{furthest.blocked_detail}")
     has_constraints = any(constraints_of(c) for c in pending)
