@@ -13,7 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image bench
+	install uninstall deploy undeploy image bench bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ test-integration: venv bins prometheus ## run the integration tests only (starts
 
 bench: venv bins ## benchmark claim generation against kube-controller-manager's controller, side by side
 	$(BIN)/python bench/claims_vs_upstream.py --pods $(or $(PODS),300)
+
+bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU snapshot (no lab needed)
+	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)
 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check operator lab tests bench

@@ -27,6 +27,7 @@ comprehensions, sets, lists, URL/IP libraries are not there (a compile error nam
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,8 +79,9 @@ def _canonical(value: Decimal) -> str:
     return "0" if text in ("-0", "0") else text
 
 
+@functools.lru_cache(maxsize=4096)
 def quantity_value(text: str) -> dict[str, str]:
-    """A quantity as the tagged map the engine carries."""
+    """A quantity as the tagged map the engine carries (cached: slices repeat the same few values)."""
     return {QUANTITY_TAG: _canonical(parse_quantity(text))}
 
 
@@ -108,6 +110,7 @@ def parse_semver(text: str, normalize: bool = False) -> tuple[int, int, int, str
     return int(match[1]), int(match[2]), int(match[3]), match[4] or ""
 
 
+@functools.lru_cache(maxsize=4096)
 def semver_value(text: str, normalize: bool = False) -> dict[str, str]:
     """A version as the tagged map the engine carries; build metadata is dropped (Version.EQ ignores it)."""
     major, minor, patch, pre = parse_semver(text, normalize)
@@ -359,6 +362,11 @@ class Program:
 
 
 def _message(error: Any) -> str:
+    return _clean_message(str(error))
+
+
+@functools.lru_cache(maxsize=1024)
+def _clean_message(error: str) -> str:
     text = re.sub(r"^[A-Z_]+: ", "", " ".join(str(error).split()))
     # cel-cpp says `Key not found in map : "x"` where cel-go says `no such key: x`
     return re.sub(r'^Key not found in map : "(.*)"$', r"no such key: \1", text)
