@@ -76,20 +76,23 @@ def check(snapshot: Snapshot, *, thresholds: Thresholds = Thresholds(),
                                     f"kubectl delete resourceclaim -n {namespace_of(claim)} {name_of(claim)} "
                                     "(its pod gets a new one); claimwarden's reservations controller releases "
                                     "such claims"))
+        stale = []
         for entry in entries:
             if entry.get("resource") != "pods":
                 continue
             pod = pods_by_name.get((namespace_of(claim), str(entry.get("name"))))
-            gone = pod is None or (pod.get("metadata") or {}).get("uid") != entry.get("uid")
-            done = pod is not None and not gone and (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-            if gone or done:
-                what = "is gone" if gone else f"has {(pod or {}).get('status', {}).get('phase')}"
-                pod_ref = f"pod/{namespace_of(claim)}/{entry.get('name')}"
-                findings.append(Finding(WARNING, "stale-reservation", (ref, pod_ref),
-                                        f"reservedFor names pod {entry.get('name')} (uid {entry.get('uid')}), which "
-                                        f"{what}; the devices stay held",
-                                        "run claimwarden's reservations controller (or kube-controller-manager's "
-                                        "resourceclaim controller), which drops such entries"))
+            if pod is None or (pod.get("metadata") or {}).get("uid") != entry.get("uid"):
+                stale.append(f"{entry.get('name')} (gone)")
+            elif (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                stale.append(f"{entry.get('name')} ({pod['status']['phase']})")
+        if stale:
+            shown = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+            findings.append(Finding(WARNING, "stale-reservation",
+                                    (ref, *(f"pod/{namespace_of(claim)}/{p.split(' ')[0]}" for p in stale[:5])),
+                                    f"reservedFor names {len(stale)} pod(s) that are gone or finished: {shown}; "
+                                    "the devices stay held",
+                                    "run claimwarden's reservations controller (or kube-controller-manager's "
+                                    "resourceclaim controller), which drops such entries"))
         if (claim.get("metadata") or {}).get("deletionTimestamp") and (claim.get("metadata") or {}).get("finalizers"):
             age = _age(claim, now, "deletionTimestamp")
             if age >= thresholds.deletion:
