@@ -645,7 +645,13 @@ def claims_of_pod(snapshot: Snapshot, pod: Obj) -> list[tuple[str, Obj | None, s
 
 def explain_pod(snapshot: Snapshot, pod: Obj, *, evaluator: Evaluator | None = None) -> Explanation:
     """The funnel and verdict for a pod's claims."""
-    return _explain(snapshot, f"pod/{ref_of(pod)}", pod, claims_of_pod(snapshot, pod), evaluator)
+    return _explain(snapshot, _pod_title(pod), pod, claims_of_pod(snapshot, pod), evaluator)
+
+
+def _pod_title(pod: Obj) -> str:
+    where = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    return f"pod {ref_of(pod)} ({phase}{f' on {where}' if where else ''})"
 
 
 def explain_claim(snapshot: Snapshot, claim: Obj, *, evaluator: Evaluator | None = None) -> Explanation:
@@ -654,9 +660,9 @@ def explain_claim(snapshot: Snapshot, claim: Obj, *, evaluator: Evaluator | None
         if namespace_of(pod) != namespace_of(claim) or (pod.get("spec") or {}).get("nodeName"):
             continue
         if any(c is claim for _, c, _ in claims_of_pod(snapshot, pod)):
-            return _explain(snapshot, f"resourceclaim/{ref_of(claim)} (pod {name_of(pod)})", pod,
+            return _explain(snapshot, f"resourceclaim {ref_of(claim)}, for {_pod_title(pod)}", pod,
                             [("", claim, "claim")], evaluator)
-    return _explain(snapshot, f"resourceclaim/{ref_of(claim)}", None, [("", claim, "claim")], evaluator)
+    return _explain(snapshot, f"resourceclaim {ref_of(claim)}", None, [("", claim, "claim")], evaluator)
 
 
 def _allocation_selector(claim: Obj) -> Obj | None:
@@ -677,7 +683,7 @@ def _explain(snapshot: Snapshot, target: str, pod: Obj | None, entries: list[tup
             continue
         status = claim.get("status") or {}
         allocation = status.get("allocation")
-        report = ClaimReport(ref_of(claim), name_of(claim), source, bool(allocation))
+        report = ClaimReport(ref_of(claim), pod_claim or name_of(claim), source, bool(allocation))
         report.reserved_for = [f"{e.get('resource')}/{e.get('name')}" for e in status.get("reservedFor") or []]
         if allocation:
             report.results = list((allocation.get("devices") or {}).get("results") or [])
