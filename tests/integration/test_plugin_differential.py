@@ -10,7 +10,7 @@ import pytest
 from kubernetes import config
 
 from .conftest import extra_lab
-from .differential import run_all, scenarios
+from .differential import SUMMARY, run_all, scenarios
 
 MIN_SCENARIOS = 60
 
@@ -24,7 +24,9 @@ def test_explain_agrees_with_kube_scheduler(tmp_path_factory: pytest.TempPathFac
     agreed = [o for o in outcomes if o.agrees]
     as_built = [o for o in outcomes if o.step_as_built]
     rate = 100.0 * len(agreed) / len(outcomes)
-    print(f"\nexplain agreed with kube-scheduler in {len(agreed)}/{len(outcomes)} scenarios ({rate:.1f} %); "
-          f"it named the step the scenario was built to block in {len(as_built)}/{len(outcomes)}")
+    summary = (f"explain agreed with kube-scheduler in {len(agreed)}/{len(outcomes)} scenarios ({rate:.1f} %); "
+               f"it named the step the scenario was built to block in {len(as_built)}/{len(outcomes)}")
+    SUMMARY.append(summary)
+    print(f"\n{summary}")
     problems = [o.line() for o in outcomes if not (o.agrees and o.step_as_built)]
     assert not problems, "explain and kube-scheduler disagree:\n  " + "\n  ".join(problems)

@@ -518,7 +518,9 @@ def funnel(ctx: Context, req: Req, claim: Obj, fit_nodes: list[Obj], held: set[D
     class_exprs = _class_selectors(cls)
     step(STEP_CLASS, lambda d: passes(d, class_exprs),
          lambda kept, dropped: f"class {req.class_name}: " + (" && ".join(class_exprs) or "(no selectors)")
-         + _errors_text(errors, class_exprs))
+         + _errors_text(errors, class_exprs)
+         + ("" if kept else "; no published device is of this class: is its DRA driver running and publishing "
+                            "ResourceSlices?"))
     step(STEP_SELECTORS, lambda d: passes(d, req.selectors),
          lambda kept, dropped: (" && ".join(req.selectors) or "(none)") + _errors_text(errors, req.selectors)
          + _models(kept, "left"))
