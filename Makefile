@@ -13,7 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image bench chaos
+	install uninstall deploy undeploy image bench chaos bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIG
 
 bench: venv bins ## benchmark claim generation against kube-controller-manager's controller, side by side
 	$(BIN)/python bench/claims_vs_upstream.py --pods $(or $(PODS),300)
+
+bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU snapshot (no lab needed)
+	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)
 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check operator lab tests bench

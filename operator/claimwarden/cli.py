@@ -1,4 +1,4 @@
-"""`claimwarden run | lab ...`"""
+"""`claimwarden run | lab ... | explain | doctor | devices | mark | clear`"""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 from . import __version__
+
+PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear")
 
 
 def _controllers(text: str) -> tuple[str, ...]:
@@ -124,6 +126,11 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
+    for verb, text in (("explain", "why a pod's claims can or cannot be allocated (the kubectl plugin's verb)"),
+                       ("doctor", "find what is wrong with claims and devices"),
+                       ("devices", "one line per device: node, pool, device, model, state, holder"),
+                       ("mark", "mark a device unhealthy"), ("clear", "clear a device's mark")):
+        sub.add_parser(verb, help=text, add_help=False)
     lab = sub.add_parser("lab", help="a local Kubernetes control plane with fake DRA GPUs (the claimwarden-lab "
                                      "distribution, for development: pip install ./lab from a clone)")
     if lab_cli is not None:
@@ -191,6 +198,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in PLUGIN_VERBS:
+        # The kubectl plugin's verbs; imported only for them, so `claimwarden run` never loads the plugin.
+        from .plugin.cli import main as plugin_main
+
+        return plugin_main(argv, prog="claimwarden")
     # The lab is imported only for its own verbs: `claimwarden run` never loads it.
     lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
     args = _parser(lab_cli).parse_args(argv)

@@ -109,6 +109,14 @@ def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
     delete_namespace(api, name)
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Results that CI should show even when they pass, e.g. explain's agreement rate with kube-scheduler."""
+    from .differential import SUMMARY
+
+    for line in SUMMARY:
+        terminalreporter.write_line(line)
+
+
 _CALL_FAILED = pytest.StashKey[bool]()
 
 

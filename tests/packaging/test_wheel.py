@@ -40,6 +40,10 @@ def test_wheel_installs_in_a_clean_virtualenv_and_runs(tmp_path: Path) -> None:
     assert "pyyaml" not in requires and "cryptography" not in requires, requires  # the lab's, not ours
     installed = _run(venv / "bin" / "pip", "list", "--format=freeze").lower()
     assert "cryptography" not in installed, installed  # (PyYAML still comes with the kubernetes client)
+    # The kubectl plugin ships with the wheel: kubectl finds `kubectl-claimwarden` on PATH.
+    plugin_help = _run(venv / "bin" / "kubectl-claimwarden", "--help")
+    assert all(verb in plugin_help for verb in ("explain", "doctor", "devices", "mark", "clear")), plugin_help
+    assert "--kubeconfig" in _run(venv / "bin" / "claimwarden", "explain", "--help")
     refused = subprocess.run([str(venv / "bin" / "claimwarden"), "lab", "up"], capture_output=True, text=True)
     assert refused.returncode == 2 and "pip install ./lab" in refused.stderr, refused.stderr
 
@@ -49,7 +53,8 @@ def test_claimwarden_run_never_imports_the_lab_even_where_it_is_installed() -> N
     probe = ("import sys; from claimwarden import cli\n"
              "try:\n    cli.main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
              "assert 'claimwarden_lab' not in sys.modules, sorted(m for m in sys.modules if 'lab' in m)\n"
-             "assert 'yaml' not in sys.modules and 'cryptography' not in sys.modules\n")
+             "assert 'yaml' not in sys.modules and 'cryptography' not in sys.modules\n"
+             "assert not [m for m in sys.modules if m.startswith(('claimwarden.plugin', 'cel_expr_python'))]\n")
     _run(sys.executable, "-c", probe)
 
 

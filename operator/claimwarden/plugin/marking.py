@@ -1,0 +1,108 @@
+"""mark / clear: which device a `[driver/]pool/device` argument names, and the record or annotation
+change that marks or clears it (the paths the README documents: an UnhealthyDevice record with
+source `manual`, or removing the slice annotation a record came from). Pure functions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from claimwarden.health import records
+from claimwarden.health.records import DeviceRef
+
+from .snapshot import Obj, Snapshot
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+
+
+class MarkError(ValueError):
+    """Bad input for mark/clear; the message names the fix."""
+
+
+def resolve(snapshot: Snapshot, text: str) -> DeviceRef:
+    """The device `[driver/]pool/device` names, among published devices and existing records."""
+    parts = [p for p in text.split("/")]
+    if len(parts) < 2 or not all(parts):
+        raise MarkError(f"{text!r} is not [driver/]pool/device, e.g. kwok-node-0/gpu-3 or "
+                        "gpu.example.com/kwok-node-0/gpu-3 ('kubectl claimwarden devices' lists them)")
+    known = {*snapshot.device_index, *snapshot.records_by_device}
+    device = parts[-1]
+    candidates = set()
+    if len(parts) >= 3:
+        candidates |= {k for k in known if k == (parts[0], "/".join(parts[1:-1]), device)}
+    candidates |= {k for k in known if k[1] == "/".join(parts[:-1]) and k[2] == device}
+    if len(candidates) == 1:
+        return DeviceRef(*next(iter(candidates)))
+    if not candidates:
+        raise MarkError(f"no ResourceSlice publishes a device {text!r} and no record names it; "
+                        "'kubectl claimwarden devices' lists the devices")
+    names = ", ".join(sorted("/".join(c) for c in candidates))
+    raise MarkError(f"{text!r} names more than one device ({names}); give driver/pool/device")
+
+
+def expiry(text: str | None, now: datetime) -> str | None:
+    """--expires: an RFC 3339 date-time, or a duration from now like 30m, 12h, 7d."""
+    if not text:
+        return None
+    match = _DURATION.match(text)
+    if match:
+        amount, unit = int(match[1]), match[2]
+        delta = {"s": timedelta(seconds=amount), "m": timedelta(minutes=amount),
+                 "h": timedelta(hours=amount), "d": timedelta(days=amount)}[unit]
+        return (now + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+    from claimwarden.timestamps import parse_rfc3339
+    if parse_rfc3339(text) is None:
+        raise MarkError(f"--expires {text!r} is neither a duration (30m, 12h, 7d) nor an RFC 3339 date-time "
+                        "(2026-12-31T00:00:00Z)")
+    return text
+
+
+@dataclass(frozen=True)
+class MarkPlan:
+    create: Obj | None = None
+    patch_name: str | None = None
+    patch: Obj | None = None
+
+
+def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, expires_at: str | None) -> MarkPlan:
+    """A new manual record, or a patch of the existing manual record of the device."""
+    if effect not in records.EFFECTS:
+        raise MarkError(f"--effect {effect!r}: choose one of {', '.join(records.EFFECTS)}")
+    if not reason.strip():
+        raise MarkError("--reason is empty; say why the device is unhealthy (it shows in events and records)")
+    spec: dict[str, Any] = {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "effect": effect,
+                            "reason": reason[: records.REASON_MAX], "source": records.SOURCE_MANUAL}
+    if expires_at:
+        spec["expiresAt"] = expires_at
+    existing = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
+    if existing is None:
+        return MarkPlan(create={"apiVersion": records.API_VERSION, "kind": records.KIND,
+                                "metadata": {"name": records.record_name(ref)}, "spec": spec})
+    if records.is_from_annotation(existing):
+        raise MarkError(f"{ref} is already marked by a slice annotation (record "
+                        f"{existing['metadata']['name']}); change or remove the annotation instead")
+    return MarkPlan(patch_name=existing["metadata"]["name"],
+                    patch={"spec": {k: spec[k] for k in ("effect", "reason")} | {"expiresAt": expires_at}})
+
+
+@dataclass(frozen=True)
+class ClearPlan:
+    delete_record: str | None = None
+    remove_annotation: tuple[str, str] | None = None
+    """(slice name, annotation key)"""
+
+
+def plan_clear(snapshot: Snapshot, ref: DeviceRef) -> ClearPlan:
+    record = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
+    if record is None:
+        raise MarkError(f"{ref} is not marked (no UnhealthyDevice record names it)")
+    if records.is_from_annotation(record):
+        key = f"{records.ANNOTATION_PREFIX}{ref.device}"
+        for slice_ in snapshot.slices:
+            spec = slice_.get("spec") or {}
+            if spec.get("driver") == ref.driver and (spec.get("pool") or {}).get("name") == ref.pool \
+                    and key in ((slice_.get("metadata") or {}).get("annotations") or {}):
+                return ClearPlan(remove_annotation=(slice_["metadata"]["name"], key))
+    return ClearPlan(delete_record=record["metadata"]["name"])
