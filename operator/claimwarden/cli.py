@@ -13,7 +13,7 @@ from types import ModuleType
 
 from . import __version__
 
-PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear")
+PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
 
 
 def _controllers(text: str) -> tuple[str, ...]:
@@ -129,7 +129,8 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     for verb, text in (("explain", "why a pod's claims can or cannot be allocated (the kubectl plugin's verb)"),
                        ("doctor", "find what is wrong with claims and devices"),
                        ("devices", "one line per device: node, pool, device, model, state, holder"),
-                       ("mark", "mark a device unhealthy"), ("clear", "clear a device's mark")):
+                       ("mark", "mark a device unhealthy"), ("clear", "clear a device's mark"),
+                       ("approve", "let a marked device's evictions past the eviction breaker")):
         sub.add_parser(verb, help=text, add_help=False)
     lab = sub.add_parser("lab", help="a local Kubernetes control plane with fake DRA GPUs (the claimwarden-lab "
                                      "distribution, for development: pip install ./lab from a clone)")

@@ -6,6 +6,8 @@ README "What claimwarden will not do without asking". claimwarden runs with its 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +32,14 @@ NAMESPACE = "breaker"
 def big_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
     with extra_lab(tmp_path_factory, nodes=20, gpus_per_node=2) as state:
         yield state
+
+
+def _plugin(lab: LabState, *args: str) -> str:
+    """`kubectl claimwarden ARGS` as the lab's admin; its standard output."""
+    result = subprocess.run([sys.executable, "-m", "claimwarden", *args, "--kubeconfig", str(lab.kubeconfig)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
 def whoami(api: client.ApiClient) -> str:
@@ -105,6 +115,11 @@ def test_marking_forty_percent_trips_the_breaker_at_thirty_and_approval_and_clea
 
         # 40 % of the devices, 16 pods: the limit is 0.3 x 40 = 12.
         victims = sorted(devices)[:16]
+        # The preview first: which pods a mark would evict, with nothing written.
+        pool, device = devices[victims[0]]
+        dry = _plugin(big_lab, "mark", f"{pool}/{device}", "--reason", "checking", "--dry-run")
+        assert f"would evict 1 pod(s): {NAMESPACE}/{victims[0]}" in dry and "nothing written" in dry, dry
+        assert not records(api)
         marked.extend(devices[p] for p in victims)
         _mark_all(api, marked, "driver upgrade misfire")
         wait_for("12 pods evicted", lambda: _evicted_total(api) >= 12, 90)
@@ -153,9 +168,10 @@ def test_marking_forty_percent_trips_the_breaker_at_thirty_and_approval_and_clea
                                                 {"metadata": {"annotations": {APPROVAL: "someone-else"}}})
         assert refused.value.status in (403, 422) and "approved-by" in str(refused.value.body)
         me = whoami(api)
-        for pod in (first, second):
-            objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, _record_of(api, *devices[pod])[
-                "metadata"]["name"], {"metadata": {"annotations": {APPROVAL: me}}})
+        objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, _record_of(api, *devices[first])[
+            "metadata"]["name"], {"metadata": {"annotations": {APPROVAL: me}}})
+        approved = _plugin(big_lab, "approve", "/".join(devices[second]))  # the plugin writes the same annotation
+        assert f"evictions approved by {me}" in approved, approved
         wait_for("the approved pods evicted", lambda: not ({first, second} & _running(api)), 60)
         approval = wait_for("status.approval", lambda: (_record_of(api, *devices[first]).get("status") or {}).get(
             "approval"))

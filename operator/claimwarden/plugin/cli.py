@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 EXIT_OK, EXIT_BAD, EXIT_INPUT, EXIT_CLUSTER = 0, 1, 2, 3
-VERBS = ("explain", "doctor", "devices", "mark", "clear")
+VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
 DETAIL_WIDTH = 110
 
 
@@ -72,10 +72,15 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     mark.add_argument("--effect", default="NoExecute", choices=("NoExecute", "NoSchedule", "None"),
                       help="NoExecute evicts, NoSchedule keeps new pods away, None is a dry run (default: NoExecute)")
     mark.add_argument("--expires", help="when the mark lapses: a duration (30m, 12h, 7d) or an RFC 3339 date-time")
+    mark.add_argument("--dry-run", action="store_true",
+                      help="write nothing; show which pods a NoExecute mark would evict now")
     _common(mark, output=("json", "yaml"))
     clear = sub.add_parser("clear", help="clear a device's mark (deletes the record, or removes the slice annotation)")
     clear.add_argument("device", metavar="DEVICE", help="[driver/]pool/device")
     _common(clear, output=("json", "yaml"))
+    approve = sub.add_parser("approve", help="let a marked device's evictions past the eviction breaker, as you")
+    approve.add_argument("device", metavar="DEVICE", help="[driver/]pool/device of the marked device")
+    _common(approve, output=("json", "yaml"))
     return top
 
 
@@ -88,7 +93,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kubectl claimwarden"
     except ClusterError as exc:
         return _fail(prog, str(exc), EXIT_CLUSTER)
     try:
-        handler = {"explain": _explain, "doctor": _doctor, "devices": _devices, "mark": _mark, "clear": _clear}
+        handler = {"explain": _explain, "doctor": _doctor, "devices": _devices, "mark": _mark, "clear": _clear,
+                   "approve": _approve}
         return handler[args.verb](cluster, args)
     except InputError as exc:
         return _fail(prog, str(exc), EXIT_INPUT)
@@ -272,13 +278,15 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
     from .marking import MarkError, expiry, plan_mark, resolve
     from .read import RECORDS
 
-    snapshot = cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace)
+    snapshot = cluster.snapshot(pods=args.dry_run, claimwarden_namespace=args.claimwarden_namespace)
     try:
         ref = resolve(snapshot, args.device)
         plan = plan_mark(snapshot, ref, reason=args.reason, effect=args.effect,
                          expires_at=expiry(args.expires, snapshot.now))
     except MarkError as exc:
         raise InputError(str(exc)) from None
+    if args.dry_run:
+        return _preview(snapshot, ref, args.output)
     if plan.create is not None:
         body = cluster.request("POST", RECORDS, plan.create)
         verb = "marked"
@@ -293,6 +301,46 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
         expires = f", expires {spec['expiresAt']}" if spec.get("expiresAt") else ""
         print(f"{ref}: {verb} {spec.get('effect')} ({spec.get('reason')}{expires}); "
               f"record {records.KIND.lower()}/{body['metadata']['name']}")
+    return EXIT_OK
+
+
+def _preview(snapshot: Any, ref: Any, output: str | None) -> int:
+    from .marking import preview
+
+    found = preview(snapshot, ref)
+    if output:
+        _emit({"device": str(ref), "wouldEvict": list(found.evict), "tolerating": found.tolerating}, output)
+        return EXIT_OK
+    shown = ", ".join(found.evict[:50]) + (f" (and {len(found.evict) - 50} more)" if len(found.evict) > 50 else "")
+    print(f"{ref}: dry run, nothing written; a NoExecute mark would evict {len(found.evict)} pod(s)"
+          + (f": {shown}" if found.evict else "")
+          + (f"; {found.tolerating} pod(s) tolerate it" if found.tolerating else ""))
+    return EXIT_OK
+
+
+def _approve(cluster: Any, args: argparse.Namespace) -> int:
+    from .marking import MarkError, approval, resolve
+    from .read import RECORDS
+
+    snapshot = cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace)
+    try:
+        ref = resolve(snapshot, args.device)
+        record = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
+        if record is None:
+            raise MarkError(f"{ref} is not marked: there is no record to approve")
+        name = record["metadata"]["name"]
+        review = cluster.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        username = str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+        patch = approval(name, username)
+    except MarkError as exc:
+        raise InputError(str(exc)) from None
+    body = cluster.request("PATCH", f"{RECORDS}/{name}", patch, content_type="application/merge-patch+json")
+    if args.output:
+        _emit(body, args.output)
+    else:
+        print(f"{ref}: evictions approved by {username} (record unhealthydevice/{name}); claimwarden records it "
+              "in status.approval")
     return EXIT_OK
 
 

@@ -106,3 +106,38 @@ def plan_clear(snapshot: Snapshot, ref: DeviceRef) -> ClearPlan:
                     and key in ((slice_.get("metadata") or {}).get("annotations") or {}):
                 return ClearPlan(remove_annotation=(slice_["metadata"]["name"], key))
     return ClearPlan(delete_record=record["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What marking a device NoExecute would evict now (`mark --dry-run`), computed like claimwarden does."""
+
+    evict: tuple[str, ...]
+    """The pods ("namespace/name") that would be evicted, sorted."""
+    tolerating: int
+    """Pods on the device whose claims tolerate the taint forever."""
+
+
+def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
+    """The pods a NoExecute mark of `ref` would evict, by the health controller's own plan."""
+    from claimwarden.health.plan import plan_record
+
+    record = {"metadata": {"name": records.record_name(ref)},
+              "spec": {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "effect": "NoExecute"}}
+    pods = {(str((p.get("metadata") or {}).get("namespace")), str((p.get("metadata") or {}).get("name"))): p
+            for p in snapshot.pods}
+    decided = plan_record(record, snapshot.claims, pods, snapshot.now, snapshot.claimwarden_namespace)
+    return Preview(tuple(sorted(f"{e.namespace}/{e.pod}" for e in decided.evict)), decided.tolerated)
+
+
+def approval(record_name: str, username: str) -> dict[str, Any]:
+    """The merge patch that approves a record's evictions past the breaker, as `username`.
+
+    The ValidatingAdmissionPolicy in manifests/approval refuses any other value than the name of the
+    user who sends it, so the record's status.approval can say who approved.
+    """
+    from claimwarden.health.breaker import APPROVAL_ANNOTATION
+
+    if not username:
+        raise MarkError(f"cannot approve record {record_name!r}: the cluster did not say who you are")
+    return {"metadata": {"annotations": {APPROVAL_ANNOTATION: username}}}
