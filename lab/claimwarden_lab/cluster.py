@@ -81,6 +81,8 @@ class LabOptions:
     api_port: int = 0
     priority_and_fairness: bool = False
     """API Priority and Fairness on, as in real clusters (off by default: the lab is one client's)."""
+    max_requests_inflight: int = 0
+    """With priority and fairness: the apiserver's total seats (read-only; mutating get half), 0 = its default."""
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 500:
@@ -240,7 +242,10 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-        f"--enable-priority-and-fairness={str(options.priority_and_fairness).lower()}", "--profiling=false", "--v=1",
+        f"--enable-priority-and-fairness={str(options.priority_and_fairness).lower()}",
+        *([f"--max-requests-inflight={options.max_requests_inflight}",
+           f"--max-mutating-requests-inflight={max(1, options.max_requests_inflight // 2)}"]
+          if options.max_requests_inflight else []), "--profiling=false", "--v=1",
         # Blocking mode writes each entry before the response goes out, so a test sees its writes at
         # once; 500 MB before rotation is far more than any test session writes.
         f"--audit-policy-file={policy}", f"--audit-log-path={state.audit_log}", "--audit-log-format=json",
