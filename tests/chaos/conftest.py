@@ -14,10 +14,14 @@ RESULTS: list[dict[str, Any]] = []
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not RESULTS:
         return
+    from .checker import INVARIANTS
+
     write = terminalreporter.write_line
     write("")
-    write("chaos: | scenario | load | faults | next leader p50 / max | converged in | invariant violations |")
+    write("chaos: | scenario | load | faults | next leader p50 / max | converged in | violations of I1 / ... / I9 |")
     write("chaos: | --- | --- | --- | --- | --- | --- |")
     for row in RESULTS:
         write(f"chaos: | {row['scenario']} | {row['load']} | {row['faults']} | {row['leader']} | "
               f"{row['converged']} | {row['violations']} |")
+    for number, invariant in enumerate(INVARIANTS, start=1):
+        write(f"chaos: I{number}: {invariant}")
