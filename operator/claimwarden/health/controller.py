@@ -25,6 +25,7 @@ from .evictions import Evictions
 from .marks import Marks
 from .quarantine import Quarantine
 from .records import DeviceRef
+from .taint_rules import UnselectiveRules
 
 log = logging.getLogger("claimwarden.health")
 
@@ -50,6 +51,7 @@ class HealthController:
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
         self.evictions = Evictions(kube=kube, post_event=self._event, on_evicted=self.enqueue_record)
+        self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
         self._memory: dict[str, RecordMemory] = {}
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
@@ -126,6 +128,9 @@ class HealthController:
     def pending_evictions(self) -> int:
         return sum(int((r.get("status") or {}).get("podsPending") or 0) for r in self.cache.records()
                    if records.record_effect(r) == "NoExecute")
+
+    def unselective_taint_rules(self) -> int | None:
+        return self.unselective_rules.count
 
     def record_effects(self) -> list[str]:
         return [records.record_effect(r) for r in self.cache.records()]
