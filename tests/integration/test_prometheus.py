@@ -29,7 +29,8 @@ RULES_NAME = "claimwarden-rules.yaml"  # what alerts_test.yaml's rule_files name
 JOB = "claimwarden"  # the ServiceMonitor's jobLabel value; the rules match job="claimwarden"
 PROMETHEUS, PROMTOOL = Path("/usr/bin/prometheus"), Path("/usr/bin/promtool")
 ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB",
-          "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent"}
+          "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent",
+          "ClaimwardenDeviceTaintRuleSelectsEverything", "ClaimwardenClaimPendingTooLong"}
 
 
 def tool(path: Path) -> str:
