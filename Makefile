@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools installed
 
-bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok (cached)
+bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics (cached)
 	bins/build.sh
+	bins/build-kube-state-metrics.sh
 
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh

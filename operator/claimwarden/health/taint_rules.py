@@ -22,7 +22,7 @@ from typing import Any
 from ..kube.api import Kube
 
 log = logging.getLogger("claimwarden.health")
-INTERVAL = 30.0
+INTERVAL = 15.0
 # Any of these set narrows the rule; none set (or no deviceSelector at all) selects every device.
 SELECTOR_FIELDS = ("driver", "pool", "device", "deviceClassName", "selectors")
 
