@@ -127,17 +127,19 @@ def test_promtool_accepts_the_exposition(claimwarden: Operator) -> None:
 
 
 class Prometheus:
-    """One /usr/bin/prometheus on 127.0.0.1 scraping the session's claimwarden every second."""
+    """One /usr/bin/prometheus on 127.0.0.1 scraping the session's claimwarden (and `more_jobs`) every second."""
 
-    def __init__(self, directory: Path, rules: Path, metrics_port: int) -> None:
+    def __init__(self, directory: Path, rules: Path, metrics_port: int,
+                 more_jobs: dict[str, int] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = directory / "prometheus.log"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": JOB, "scrape_interval": "1s",
-                                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+            "scrape_configs": [{"job_name": job, "scrape_interval": "1s",
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                               for job, port in {JOB: metrics_port, **(more_jobs or {})}.items()],
         }
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         with self.log.open("wb") as log:
