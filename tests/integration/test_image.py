@@ -99,6 +99,8 @@ class Container:
         port = lab.api_url.rsplit(":", 1)[1]
         argv = ["podman", "run", "--rm", f"--name={self.name}", "--network=host", "--read-only",
                 "--cap-drop=ALL", "--security-opt=no-new-privileges", "--user=65532:65532",
+                # As in Kubernetes: no /etc/passwd entry for 65532 (podman would add one).
+                "--passwd=false",
                 f"--volume={secrets}:{TOKEN_DIR}:ro",
                 "--env=KUBERNETES_SERVICE_HOST=127.0.0.1", f"--env=KUBERNETES_SERVICE_PORT={port}",
                 f"--env=POD_NAME={self.name}", image,
