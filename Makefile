@@ -27,9 +27,10 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools installed
 
-bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics (cached)
+bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics, kubelet (cached)
 	bins/build.sh
 	bins/build-kube-state-metrics.sh
+	bins/build-kubelet.sh
 
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh
@@ -83,7 +84,7 @@ undeploy: ## remove what deploy installed
 image: ## build the image and write dist/claimwarden-<version>.oci.tar (docker if it runs, else podman from Debian with a local mmdebstrap base; BASE=python:3.11-slim with a registry)
 	IMAGE=$(IMAGE) image/build.sh
 
-podman: ## install podman, runc and mmdebstrap from Debian (for make image and the image test)
+podman: ## install podman, runc, mmdebstrap and containerd from Debian (make image, the image and real-node tests)
 	image/install-podman.sh
 
 lock: ## regenerate requirements.lock (pinned runtime dependencies with hashes) from pyproject.toml

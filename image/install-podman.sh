@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install podman and what builds and runs claimwarden's image without any registry, from Debian.
+# Install podman and what builds and runs claimwarden's image without any registry, from Debian,
+# and containerd for the lab's real node (claimwarden_lab/realnode.py).
 #
 #   image/install-podman.sh      as root, on Debian/Ubuntu; does nothing if everything is there
 #
@@ -8,7 +9,7 @@ set -euo pipefail
 say() { echo "install-podman: $*"; }
 die() { echo "install-podman: $*" >&2; exit 1; }
 
-packages=(podman buildah skopeo runc mmdebstrap uidmap containernetworking-plugins conmon fuse-overlayfs)
+packages=(podman buildah skopeo runc mmdebstrap uidmap containernetworking-plugins conmon fuse-overlayfs containerd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
