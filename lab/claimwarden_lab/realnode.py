@@ -153,6 +153,7 @@ port: {_free_port()}
 readOnlyPort: 0
 healthzPort: 0
 cgroupDriver: cgroupfs
+failCgroupV1: false  # this host is cgroup v1; 1.35+ refuses to start without it
 failSwapOn: false
 containerRuntimeEndpoint: unix://{node / 'containerd.sock'}
 authentication:
