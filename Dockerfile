@@ -8,13 +8,15 @@ WORKDIR /src
 # Dependencies first, in their own layer: a code change does not reinstall them.
 COPY requirements.lock ./
 RUN python -m venv /opt/claimwarden \
- && /opt/claimwarden/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary=:all: -r requirements.lock
+ && /opt/claimwarden/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary=:all: -r requirements.lock \
+ && /opt/claimwarden/bin/pip uninstall --yes setuptools \
+ && /opt/claimwarden/bin/python -m compileall -q /opt/claimwarden/lib
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN /opt/claimwarden/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
  && /opt/claimwarden/bin/pip install --no-cache-dir --no-deps /dist/*.whl \
- && /opt/claimwarden/bin/pip uninstall --yes pip setuptools \
- && /opt/claimwarden/bin/python -m compileall -q /opt/claimwarden
+ && /opt/claimwarden/bin/pip uninstall --yes pip \
+ && /opt/claimwarden/bin/python -m compileall -q /opt/claimwarden/lib/python3.11/site-packages/claimwarden
 
 FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/claimwarden/bin:$PATH
