@@ -41,9 +41,9 @@ def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     return subprocess.run(["podman", *args], capture_output=True, text=True, env=ENV, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def image() -> str:
-    """The image, built (or brought up to date) by image/build.sh with podman; also the OCI archive."""
+def build_image() -> str:
+    """The image, built (or brought up to date) by image/build.sh with podman; also the OCI archive.
+    Behind the session fixture `image` (conftest.py)."""
     result = subprocess.run([str(ROOT / "image" / "build.sh")], capture_output=True, text=True, cwd=ROOT,
                             env={**ENV, "ENGINE": "podman", "IMAGE": IMAGE}, timeout=1200)
     if result.returncode != 0:

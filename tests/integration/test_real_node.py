@@ -26,7 +26,7 @@ from claimwarden_lab.cluster import LabState
 from .conftest import extra_lab
 from .health_helpers import device_of, mark, record_for, unmark, wait_gone
 from .helpers import pod_with_claims, template, wait_for
-from .test_image import ROOT, VERSION, image  # noqa: F401  (the session's image fixture)
+from .test_image import ROOT, VERSION
 
 BASE = ROOT / "manifests" / "base"
 
@@ -63,7 +63,7 @@ def _status(pid: int) -> dict[str, str]:
 
 
 def test_make_deploy_runs_claimwarden_as_a_real_pod_that_evicts(
-        real_lab: LabState, image: str, tmp_path: Path) -> None:  # noqa: F811
+        real_lab: LabState, image: str, tmp_path: Path) -> None:
     realnode.import_image(real_lab.dir, ROOT / "dist" / f"claimwarden-{VERSION}.oci.tar", f"claimwarden:{VERSION}")
     _kubectl(real_lab, "apply", "-k", str(_overlay(tmp_path / "overlay")))
     api = config.new_client_from_config(config_file=str(real_lab.kubeconfig))
