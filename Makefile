@@ -13,7 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image bench chaos bench-explain
+	install uninstall deploy undeploy image podman lock bench chaos bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,8 +27,10 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools installed
 
-bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok (cached)
+bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics, kubelet (cached)
 	bins/build.sh
+	bins/build-kube-state-metrics.sh
+	bins/build-kubelet.sh
 
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh
@@ -45,13 +47,13 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins prometheus ## run all tests (builds the binaries and installs Prometheus first if needed)
+test: venv bins prometheus podman ## run all tests (builds the binaries, installs Prometheus and podman first if needed)
 	$(BIN)/pytest $(PYTEST_ARGS) tests
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
-test-integration: venv bins prometheus ## run the integration tests only (starts a lab)
+test-integration: venv bins prometheus podman ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
 chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
@@ -85,9 +87,11 @@ deploy: ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service) into
 undeploy: ## remove what deploy installed
 	$(KUBECTL) delete -k manifests/base
 
-image: ## build the container image (needs a running container engine)
-	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
-	  docker build -t $(IMAGE) . ; \
-	else \
-	  echo "image: no running container engine (docker info failed); build on a machine with one: docker build -t $(IMAGE) ." >&2; exit 1; \
-	fi
+image: ## build the image and write dist/claimwarden-<version>.oci.tar (docker if it runs, else podman from Debian with a local mmdebstrap base; BASE=python:3.11-slim with a registry)
+	IMAGE=$(IMAGE) image/build.sh
+
+podman: ## install podman, runc, mmdebstrap and containerd from Debian (make image, the image and real-node tests)
+	image/install-podman.sh
+
+lock: ## regenerate requirements.lock (pinned runtime dependencies with hashes) from pyproject.toml
+	image/lock.sh

@@ -25,6 +25,8 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
     lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
     lab_up.add_argument("--runtime-config", default="", help="kube-apiserver --runtime-config")
     lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
+    lab_up.add_argument("--real-node", action="store_true",
+                        help="also one real node (kubelet, containerd, runc, CNI bridge; needs root): see README")
     restart = lab_sub.add_parser("restart-apiserver",
                                  help="restart kube-apiserver with the same arguments and wait until it is ready")
     restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
             cluster.up(cluster.LabOptions(
                 dir=args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, models=args.models,
                 upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
-                runtime_config=args.runtime_config, api_port=args.api_port), say)
+                runtime_config=args.runtime_config, api_port=args.api_port,
+                real_node=args.real_node), say)
         elif args.lab_command == "down":
             cluster.down(args.dir, say)
         elif args.lab_command == "restart-apiserver":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from . import driver, pki
+from . import driver, pki, realnode
 from .binaries import STAGES_FILE, require_binaries
 from .processes import (
     LabError,
@@ -83,6 +84,7 @@ class LabOptions:
     """API Priority and Fairness on, as in real clusters (off by default: the lab is one client's)."""
     max_requests_inflight: int = 0
     """With priority and fairness: the apiserver's total seats (read-only; mutating get half), 0 = its default."""
+    real_node: bool = False  # one real kubelet node beside the kwok nodes (realnode.py)
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 500:
@@ -182,18 +184,25 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     state = LabState(dir=directory, bin_dir=str(bins), options={
         "nodes": options.nodes, "gpus_per_node": options.gpus_per_node, "models": [m.name for m in models],
         "upstream_claims": options.upstream_claims, "feature_gates": options.feature_gates,
-        "runtime_config": options.runtime_config})
+        "runtime_config": options.runtime_config, "real_node": options.real_node})
     state.ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": options.api_port or free_port(),
                    "scheduler": free_port(), "controller-manager": free_port(), "kwok": free_port()}
     state.api_url = f"https://127.0.0.1:{state.ports['apiserver']}"
     state.save()
     try:
         _start_control_plane(state, options, bins, say)
+        if options.real_node:
+            realnode.start(directory=directory, bins=bins, kubeconfig=state.kubeconfig,
+                           api_port=state.ports["apiserver"], launch=lambda name, argv: _launch(state, name, argv),
+                           say=say)
         _publish_cluster(state, options, models, say)
         state.ready = True
         state.save()
     except BaseException:
         _stop_all(state)
+        if options.real_node:
+            realnode.cleanup_host()
+            realnode.unmount(directory)
         (directory / STATE_FILE).unlink(missing_ok=True)
         raise
     say(f"lab ready in {time.monotonic() - started:.1f}s: {state.api_url}, "
@@ -201,10 +210,16 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     return state
 
 
+def _launch(state: LabState, name: str, argv: list[str]) -> Process:
+    proc = start(name, argv, state.dir / "logs")
+    state.processes.append(proc)
+    state.save()
+    return proc
+
+
 def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: Say) -> None:
     directory, ports = state.dir, state.ports
     pki_dir = directory / "pki"
-    logs = directory / "logs"
     pki.write_pki(pki_dir)
     pki.write_kubeconfig(state.kubeconfig, pki_dir, state.api_url)
     gates = [f"--feature-gates={options.feature_gates}"] if options.feature_gates else []
@@ -213,10 +228,7 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
     policy.write_text(AUDIT_POLICY)
 
     def launch(name: str, argv: list[str]) -> Process:
-        proc = start(name, argv, logs)
-        state.processes.append(proc)
-        state.save()
-        return proc
+        return _launch(state, name, argv)
 
     say("starting etcd")
     etcd = launch("etcd", [
@@ -241,7 +253,9 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
         f"--service-account-issuer={state.api_url}", f"--service-account-key-file={pki_dir / 'sa.pub'}",
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+        # kwok's pods need no token; a real node's pods do (realnode.py).
+        "--disable-admission-plugins=" + ("TaintNodesByCondition" if options.real_node
+                                          else "ServiceAccount,TaintNodesByCondition"),
         f"--enable-priority-and-fairness={str(options.priority_and_fairness).lower()}",
         *([f"--max-requests-inflight={options.max_requests_inflight}",
            f"--max-mutating-requests-inflight={max(1, options.max_requests_inflight // 2)}"]
@@ -298,9 +312,10 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
             nodes = core.list_node().items
             ready = [n for n in nodes if n.status and any(c.type == "Ready" and c.status == "True"
                                                           for c in n.status.conditions or [])]
-            return len(ready) >= options.nodes
+            return len(ready) >= options.nodes + options.real_node
 
-        wait_until(f"{options.nodes} node(s) Ready (kwok)", nodes_ready, START_TIMEOUT, state.processes)
+        what = f"{options.nodes} node(s) Ready (kwok)" + (" and the real node" if options.real_node else "")
+        wait_until(what, nodes_ready, START_TIMEOUT, state.processes)
         slices = resource.list_resource_slice().items
         if len(slices) < options.nodes:
             raise LabError(f"only {len(slices)} of {options.nodes} ResourceSlices were published")
@@ -394,6 +409,34 @@ def compact_etcd(state: LabState) -> int:
     return revision
 
 
+def _stop_real_node_pods(state: LabState, say: Say) -> None:
+    """Delete the real node's pods while its kubelet runs, so that it tears their sandboxes down."""
+    try:
+        api = config.new_client_from_config(config_file=str(state.kubeconfig))
+    except Exception as exc:
+        say(f"real node: cannot reach the apiserver to delete its pods ({exc}); killing their containers")
+        realnode.stop_pods(state.dir, lambda: [], lambda namespace, name: None)
+        return
+    core = client.CoreV1Api(api)
+
+    def pods() -> list[tuple[str, str]]:
+        try:
+            selector = f"spec.nodeName={realnode.NODE_NAME}"
+            items = core.list_pod_for_all_namespaces(field_selector=selector).items
+        except Exception:
+            return []
+        return [(str(p.metadata.namespace), str(p.metadata.name)) for p in items if p.metadata]
+
+    def delete(namespace: str, name: str) -> None:
+        with contextlib.suppress(Exception):
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=5)
+
+    try:
+        realnode.stop_pods(state.dir, pods, delete)
+    finally:
+        api.close()
+
+
 def down(directory: Path, say: Say = print) -> None:
     """Stop exactly what `up` started in ``directory`` (by PID) and remove its state."""
     directory = directory.expanduser().resolve()
@@ -404,7 +447,12 @@ def down(directory: Path, say: Say = print) -> None:
         say(f"no lab in {directory}; nothing to stop")
         return
     alive = state.running() + stop_guests(directory)
+    if state.options.get("real_node"):
+        _stop_real_node_pods(state, say)
     _stop_all(state)
+    if state.options.get("real_node"):
+        realnode.cleanup_host()
+        realnode.unmount(directory)
     shutil.rmtree(directory)
     say(f"stopped {len(alive)} process(es) and removed {directory}")
 

@@ -36,6 +36,7 @@ from .podclaims import (
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
 from .runtime import Runtime, lost_lease
+from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
 
@@ -262,6 +263,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                                  (runtime.health.record_queue, runtime.health.reconcile_record),
                                  (runtime.health.eviction_queue, runtime.health.evictions.reconcile)):
             runtime.add_loop(queue, reconcile)
+        runtime.background.append(asyncio.create_task(
+            runtime.health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
     if "reservations" in CONFIG.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
                                                       else None)
@@ -286,18 +289,22 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             metrics.REGISTRY.register(metrics.DeviceCollector(
                 metrics.on_loop(loop, lambda: health.device_samples() if runtime.leading else []),
                 metrics.on_loop(loop, lambda: health.record_effects() if runtime.leading else []),
-                metrics.on_loop(loop, lambda: health.pending_evictions() if runtime.leading else 0)))
+                metrics.on_loop(loop, lambda: health.pending_evictions() if runtime.leading else 0),
+                metrics.on_loop(loop, lambda: health.unselective_taint_rules() if runtime.leading else None)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
 
 def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
     samples = []
+    current = now()
     for claim in cache.claims():
         reserved = len((claim.get("status") or {}).get("reservedFor") or [])
         state = "reserved" if reserved else "allocated" if is_allocated(claim) else "pending"
         source = "quarantine" if is_quarantine_claim(claim, namespace) else claim_source(claim)
-        samples.append(metrics.ClaimSample(state, source, is_near_limit(reserved)))
+        created = parse_rfc3339(claim["metadata"].get("creationTimestamp")) if state == "pending" else None
+        age = max(0.0, (current - created).total_seconds()) if created else 0.0
+        samples.append(metrics.ClaimSample(state, source, is_near_limit(reserved), age))
     return samples
 
 

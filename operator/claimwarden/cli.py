@@ -192,8 +192,16 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         app.register_health_handlers()
     kopf_state = runtime.KopfState()
+    # Kopf's peering is off, but Kopf still names the process, by default from getpass.getuser(),
+    # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as
+    # Kubernetes runs it; podman adds an entry, so only a real node showed it). Name it ourselves.
+    from kopf._core.engines.peering import Identity
+
+    from .leader.elector import default_identity
+
+    identity = Identity(app.CONFIG.election.identity if app.CONFIG.election else default_identity())
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
-             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state))
+             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state), identity=identity)
     return 0
 
 

@@ -136,6 +136,7 @@ class ClaimSample:
     state: str  # pending, allocated, reserved
     source: str  # resource_claim_template, extended_resource, user, quarantine
     near_limit: bool
+    pending_seconds: float = 0.0  # since creation, for a pending claim (a generated claim is pending from birth)
 
 
 class ClaimCollector(Collector):
@@ -154,16 +155,25 @@ class ClaimCollector(Collector):
                                      "extended_resource, user, quarantine).", labels=["state", "source"])
         near = GaugeMetricFamily("claimwarden_claims_near_reservation_limit", "Claims with at least 90% of "
                                  "the 256 status.reservedFor entries in use.")
+        oldest = GaugeMetricFamily("claimwarden_claims_pending_longest_seconds", "Age of the oldest pending "
+                                   "claim, by source (0 when none is pending).", labels=["source"])
         counts: dict[tuple[str, str], int] = {}
+        longest: dict[str, float] = {}
         near_limit = 0
         for sample in claims:
             counts[(sample.state, sample.source)] = counts.get((sample.state, sample.source), 0) + 1
+            longest.setdefault(sample.source, 0.0)
+            if sample.state == "pending":
+                longest[sample.source] = max(longest[sample.source], sample.pending_seconds)
             near_limit += sample.near_limit
         for (state, source), count in sorted(counts.items()):
             by_state.add_metric([state, source], count)
+        for source, seconds in sorted(longest.items()):
+            oldest.add_metric([source], round(seconds, 1))
         near.add_metric([], near_limit)
         yield by_state
         yield near
+        yield oldest
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []
@@ -179,10 +189,11 @@ class DeviceCollector(Collector):
     """Device gauges from the slice, claim and record caches at scrape time."""
 
     def __init__(self, devices: Callable[[], Iterable[DeviceSample]], records: Callable[[], Iterable[str]],
-                 pending: Callable[[], int]) -> None:
+                 pending: Callable[[], int], unselective_rules: Callable[[], int | None] = lambda: None) -> None:
         self._devices = devices
         self._records = records
         self._pending = pending
+        self._unselective_rules = unselective_rules
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         """Each gauge on its own: one that cannot be computed now is left out, the others are served."""
@@ -223,6 +234,15 @@ class DeviceCollector(Collector):
                                         "a PodDisruptionBudget).")
             pending.add_metric([], pending_pods)
             yield pending
+        try:
+            unselective = self._unselective_rules()
+        except ScrapeFailed:
+            unselective = None
+        if unselective is not None:  # absent where DeviceTaintRule is not served (health/taint_rules.py)
+            rules = GaugeMetricFamily("claimwarden_device_taint_rules_unselective", "DeviceTaintRules with an "
+                                      "empty or omitted deviceSelector: they taint every device.")
+            rules.add_metric([], unselective)
+            yield rules
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []

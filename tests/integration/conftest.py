@@ -203,3 +203,11 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = No
         cluster.down(directory, say=lambda line: print(f"lab: {line}"))
     if problems:
         pytest.fail(f"the auditor found in the extra lab {directory}:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """claimwarden's image, built once per session with podman (test_image.py, test_real_node.py)."""
+    from .test_image import build_image
+
+    return build_image()

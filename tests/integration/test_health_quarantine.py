@@ -114,3 +114,33 @@ def test_marked_devices_are_never_given_out_until_cleared(small_lab: LabState,
     finally:
         assert operator.stop() == 0
         api.close()
+
+
+def test_a_taint_rule_without_a_selector_is_counted_for_the_alert(small_lab: LabState,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """kubernetes/kubernetes#141620, #141422: no deviceSelector taints every device. The gauge behind
+    ClaimwardenDeviceTaintRuleSelectsEverything counts such rules where the API is served, else is absent."""
+    api = config.new_client_from_config(config_file=str(small_lab.kubeconfig))
+    operator = Operator(service_account_kubeconfig(small_lab), tmp_path_factory.mktemp("rules") / "claimwarden.log")
+    operator.start()
+    gauge = "\nclaimwarden_device_taint_rules_unselective "
+    try:
+        if not small_lab.options.get("runtime_config"):
+            time.sleep(2)
+            assert gauge not in operator.metrics(), "no DeviceTaintRule API, no series"
+            return
+        wait_for("the gauge at 0", lambda: f"{gauge}0.0" in operator.metrics(), 40)
+        rules = client.CustomObjectsApi(api)
+        for name, spec in (("no-selector", {}), ("empty-selector", {"deviceSelector": {}}),
+                           ("one-driver", {"deviceSelector": {"driver": "gpu.example.com"}})):
+            rules.create_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", {
+                "apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceTaintRule", "metadata": {"name": name},
+                "spec": {**spec, "taint": {"key": "example.com/broken", "effect": "NoSchedule"}}})
+        try:
+            wait_for("the gauge at 2", lambda: f"{gauge}2.0" in operator.metrics(), 40)
+        finally:
+            for name in ("no-selector", "empty-selector", "one-driver"):
+                rules.delete_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", name)
+        wait_for("the gauge back at 0", lambda: f"{gauge}0.0" in operator.metrics(), 40)
+    finally:
+        assert operator.stop() in (None, 0)

@@ -31,8 +31,8 @@ RULES_NAME = "claimwarden-rules.yaml"  # what alerts_test.yaml's rule_files name
 JOB = "claimwarden"  # the ServiceMonitor's jobLabel value; the rules match job="claimwarden"
 PROMETHEUS, PROMTOOL = Path("/usr/bin/prometheus"), Path("/usr/bin/promtool")
 ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB", "ClaimwardenEvictionBreakerOpen",
-          "ClaimwardenNoLeader",
-          "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent"}
+          "ClaimwardenNoLeader", "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent",
+          "ClaimwardenDeviceTaintRuleSelectsEverything", "ClaimwardenClaimPendingTooLong"}
 
 
 def tool(path: Path) -> str:
@@ -88,6 +88,40 @@ def test_promtool_unit_tests_the_alerts(rules_dir: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def dashboard_exprs() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard, in panel order."""
+    dashboard = json.loads((MONITORING / "dashboards" / "claimwarden.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+# Dashboard expressions that may be empty in the scenario below, and why; every other one must
+# return data there.
+MAY_BE_EMPTY = {
+    "kube_customresource_unhealthydevice_info": "kube-state-metrics' series: test_kube_state_metrics.py",
+    'result="error"': "no reconcile fails in the scenario",
+    'result="pdb_blocked"': "no PodDisruptionBudget in the scenario",
+    "claimwarden_device_taint_rules_unselective": "the session lab does not serve DeviceTaintRule",
+}
+
+
+def test_the_dashboard_has_its_rows_and_promtool_checks_every_expression(tmp_path: Path) -> None:
+    dashboard = json.loads((MONITORING / "dashboards" / "claimwarden.json").read_text())
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows == ["Inventory", "Claims", "Health", "Controller"]
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 15 and len(set(exprs)) == len(exprs)
+    for expr in exprs:
+        if "claimwarden_" in expr:
+            assert f'job="{JOB}"' in expr, expr
+    # promtool parses PromQL as part of a rules file: one recording rule per expression.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:expr_{i}", "expr": expr} for i, expr in enumerate(exprs)]}]}
+    (tmp_path / "dashboard-rules.yaml").write_text(yaml.safe_dump(rules))
+    result = run(tool(PROMTOOL), "check", "rules", str(tmp_path / "dashboard-rules.yaml"))
+    assert result.returncode == 0 and f"SUCCESS: {len(exprs)} rules found" in result.stdout, \
+        result.stdout + result.stderr
+
+
 def test_promtool_accepts_the_exposition(claimwarden: Operator) -> None:
     promtool = tool(PROMTOOL)
     result = run(promtool, "check", "metrics", stdin=claimwarden.metrics())
@@ -95,17 +129,19 @@ def test_promtool_accepts_the_exposition(claimwarden: Operator) -> None:
 
 
 class Prometheus:
-    """One /usr/bin/prometheus on 127.0.0.1 scraping the session's claimwarden every second."""
+    """One /usr/bin/prometheus on 127.0.0.1 scraping the session's claimwarden (and `more_jobs`) every second."""
 
-    def __init__(self, directory: Path, rules: Path, metrics_port: int) -> None:
+    def __init__(self, directory: Path, rules: Path, metrics_port: int,
+                 more_jobs: dict[str, int] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = directory / "prometheus.log"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": JOB, "scrape_interval": "1s",
-                                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+            "scrape_configs": [{"job_name": job, "scrape_interval": "1s",
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                               for job, port in {JOB: metrics_port, **(more_jobs or {})}.items()],
         }
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         with self.log.open("wb") as log:
@@ -125,6 +161,9 @@ class Prometheus:
         answer = json.loads(text)
         assert answer["status"] == "success", answer
         return answer["data"]
+
+    def query_all(self, promql: str) -> list[Any]:
+        return list(self.api("query?" + urllib.parse.urlencode({"query": promql}))["result"])
 
     def query(self, promql: str) -> float | None:
         """The value of a query returning at most one sample; None if it returns none."""
@@ -180,6 +219,15 @@ def test_prometheus_sees_a_device_marked_evicted_and_cleared(
             [group] = [g for g in groups if g["name"] == "claimwarden"]
             assert {r["name"] for r in group["rules"]} == ALERTS
             assert all(r["health"] == "ok" for r in group["rules"]), group["rules"]
+            # Every dashboard panel answers with data where the scenario produces some (rate() and
+            # increase() need two scrapes of a series, so give it a few).
+            def without_data() -> list[str]:
+                return [e for e in dashboard_exprs() if not prometheus.query_all(e)
+                        and not any(key in e for key in MAY_BE_EMPTY)]
+            try:
+                wait_for("data for every dashboard expression", lambda: not without_data(), 20)
+            except AssertionError:
+                raise AssertionError(f"dashboard expressions without data: {without_data()}") from None
         finally:
             unmark(api, pool, device)
         wait_for(f"prometheus to show {before:g} tainted devices again",

@@ -6,8 +6,10 @@ install` of the wheel (dependencies from the index), then the entry point.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +68,35 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_without_compilers() -> None:
     assert "USER 65532:65532" in final
     assert 'ENTRYPOINT ["claimwarden", "run"]' in final
     assert "apt-get" not in final and "gcc" not in final and "pip install" not in final
+    # The base is an argument (python:3.11-slim with a registry, the local mmdebstrap base without).
+    assert text.count("FROM ${BASE}") == 2 and "ARG BASE=python:3.11-slim" in text
+    # Dependencies come only from the lock, hash-checked; the wheel adds nothing unpinned.
+    build = text[:text.rindex("\nFROM ")]
+    assert "--require-hashes --no-deps" in build and "-r requirements.lock" in build
+    assert "install --no-cache-dir --no-deps /dist/*.whl" in build
+
+
+def _pins() -> dict[str, list[str]]:
+    """requirements.lock as {name: [sha256, ...]}."""
+    pins: dict[str, list[str]] = {}
+    name = ""
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        line = line.strip()
+        if "==" in line and not line.startswith("#"):
+            name = re.split(r"[=\[ ]", line, maxsplit=1)[0].lower()
+            pins[name] = []
+        elif line.startswith("--hash=sha256:"):
+            pins[name].append(line.split(":", 1)[1].rstrip(" \\"))
+    return pins
+
+
+def test_the_lock_pins_every_runtime_dependency_with_hashes_and_nothing_of_the_lab() -> None:
+    pins = _pins()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        name = re.split(r"[~=<>!\[ ]", requirement, maxsplit=1)[0].lower()
+        assert name in pins, f"{name} is not in requirements.lock: run image/lock.sh"
+    assert all(hashes and all(len(h) == 64 for h in hashes) for hashes in pins.values()), pins
+    lab = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]
+    assert "cryptography" not in pins and "claimwarden-lab" not in pins, sorted(pins)
+    assert any("cryptography" in r for r in lab["dependencies"]), "the lab's own dependency, not ours"

@@ -34,6 +34,7 @@ from .evictions import Evictions
 from .marks import Marks
 from .quarantine import Quarantine
 from .records import DeviceRef
+from .taint_rules import UnselectiveRules
 
 log = logging.getLogger("claimwarden.health")
 
@@ -77,6 +78,7 @@ class HealthController:
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
+        self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
         self._memory: dict[str, RecordMemory] = {}
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
@@ -158,6 +160,9 @@ class HealthController:
     def pending_evictions(self) -> int:
         return sum(int((r.get("status") or {}).get("podsPending") or 0) for r in self.cache.records()
                    if records.record_effect(r) == "NoExecute")
+
+    def unselective_taint_rules(self) -> int | None:
+        return self.unselective_rules.count
 
     def record_effects(self) -> list[str]:
         return [records.record_effect(r) for r in self.cache.records()]

@@ -105,7 +105,7 @@ class Quarantine:
 
     async def sync_taint_rule(self, record: Body, *, needed: bool) -> str:
         """Where DeviceTaintRule is served, keep a NoSchedule rule in step with the record."""
-        version = await self._taint_rule_api()
+        version = await self.taint_rule_api()
         if not version:
             return ""
         api = f"resource.k8s.io/{version}"
@@ -123,7 +123,8 @@ class Quarantine:
             await self.kube.create_cluster_object(api, "devicetaintrules", body)
         return str(rule_name)
 
-    async def _taint_rule_api(self) -> str | None:
+    async def taint_rule_api(self) -> str | None:
+        """The served version of DeviceTaintRule (asked once), or None."""
         if not self._taint_rule_checked:
             self._taint_rule_version = await self.kube.served_version("resource.k8s.io", "devicetaintrules",
                                                                       TAINT_RULE_VERSIONS)
