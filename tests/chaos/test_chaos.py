@@ -90,7 +90,15 @@ class Replicas:
                     if replica.proc is not None and replica.proc.poll() is not None:
                         self.restarts += 1
                         replica.proc = None
-                        replica.start(lead=False)
+                        try:
+                            replica.start(lead=False)
+                        except AssertionError:  # it exited at once (the apiserver still away): retry
+                            replica.proc = None
+                    elif replica.proc is None:
+                        try:  # the start that failed last round (CrashLoopBackOff, without the back-off)
+                            replica.start(lead=False)
+                        except AssertionError:
+                            replica.proc = None
 
     def leader(self) -> Operator | None:
         return next((r for r in self.all if r.running and r.leads()), None)
