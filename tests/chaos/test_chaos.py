@@ -68,8 +68,9 @@ class Replicas:
     def __init__(self, lab: LabState, directory: Path) -> None:
         kubeconfig = service_account_kubeconfig(lab)
         # Unique per scenario, as pod names are: two processes with one identity would share the lease.
-        self.all = [Operator(kubeconfig, directory / f"{name}.log", identity=f"{directory.name[:40]}-{name}")
-                    for name in ("a", "b")]
+        # The breaker is off here (it has its own tests): scenario 4 marks whole groups of devices on purpose.
+        self.all = [Operator(kubeconfig, directory / f"{name}.log", ["--breaker-max-fraction=1"],
+                             identity=f"{directory.name[:40]}-{name}") for name in ("a", "b")]
         self.restarts = 0
         self.hands_off = threading.Lock()
         """Held while a scenario handles the processes itself, so that the kubelet stays out of the way."""
@@ -370,7 +371,8 @@ def test_rolling_update_hands_over_without_missing_work(chaos_api: client.ApiCli
     with Churn(chaos_api, namespace, total=SCALE["pods"] // 2, alive=SCALE["alive"]) as churn:
         for i in range(SCALE["rollouts"]):
             old, _ = replicas.wait_leader()
-            new = Operator(service_account_kubeconfig(chaos_lab), tmp_path / f"new-{i}.log", identity=f"new-{i}")
+            new = Operator(service_account_kubeconfig(chaos_lab), tmp_path / f"new-{i}.log",
+                           ["--breaker-max-fraction=1"], identity=f"new-{i}")
             new.start(lead=False)
             replicas.all[replicas.all.index(old)] = new
             stopped = time.monotonic()
