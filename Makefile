@@ -8,11 +8,13 @@ LAB_DIR ?= $(HOME)/.cache/claimwarden/lab
 LAB_ARGS ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+K8S_VERSION ?= 1.34.4
+MATRIX_VERSIONS := 1.35.4 1.36.3 1.37.2
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
 
-.PHONY: help venv bins prometheus lab lab-down demo run test test-unit test-integration lint manifests \
+.PHONY: help venv bins bins-matrix prometheus lab lab-down demo run test test-unit test-integration lint manifests \
 	install uninstall deploy undeploy image podman lock bench chaos bench-explain
 
 help: ## list the targets
@@ -27,10 +29,13 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with claimwarden and its dev tools installed
 
-bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics, kubelet (cached)
-	bins/build.sh
-	bins/build-kube-state-metrics.sh
-	bins/build-kubelet.sh
+bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok, kube-state-metrics, kubelet (cached; K8S_VERSION=1.37.2 builds another control plane)
+	K8S_VERSION=$(K8S_VERSION) bins/build.sh
+	K8S_VERSION=1.34.4 bins/build-kube-state-metrics.sh
+	K8S_VERSION=1.34.4 bins/build-kubelet.sh
+
+bins-matrix: bins ## also build the control planes of 1.35, 1.36 and 1.37 (about 9 min each, cold)
+	for v in $(MATRIX_VERSIONS); do K8S_VERSION=$$v bins/build.sh || exit 1; done
 
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh

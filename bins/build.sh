@@ -13,6 +13,9 @@ K8S_VERSION="${K8S_VERSION:-1.34.4}"
 ETCD_VERSION="3.6.16"
 KWOK_VERSION="0.8.0"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# One wrapper module per minor version: bins/k8s pins the default (1.34), bins/k8s-1.NN the others.
+MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
+if [[ "$MINOR" == 34 ]]; then K8S_MODULE=k8s; else K8S_MODULE="k8s-1.$MINOR"; fi
 OUT="${CLAIMWARDEN_BIN_DIR:-$HOME/.cache/claimwarden/bin/v$K8S_VERSION}"
 
 die() { echo "bins: $*" >&2; exit 1; }
@@ -37,18 +40,18 @@ mark_built() { module_hash "$2" > "$OUT/.$1.stamp"; }
 build_k8s() {
   local minor built
   minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  [[ -f "$HERE/k8s/go.mod" ]] && grep -q "k8s.io/kubernetes v$K8S_VERSION" "$HERE/k8s/go.mod" \
-    || die "bins/k8s/go.mod does not pin k8s.io/kubernetes v$K8S_VERSION"
+  [[ -f "$HERE/$K8S_MODULE/go.mod" ]] && grep -q "k8s.io/kubernetes v$K8S_VERSION" "$HERE/$K8S_MODULE/go.mod" \
+    || die "bins/$K8S_MODULE/go.mod does not pin k8s.io/kubernetes v$K8S_VERSION (served here: 1.34.4, 1.35.4, 1.36.3, 1.37.2)"
   # The tag's commit time keeps the build date (and so the binaries) reproducible.
-  built="$(cd "$HERE/k8s" && go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" \
+  built="$(cd "$HERE/$K8S_MODULE" && go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" \
     | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.load(open(d["Info"]))["Time"])')"
   local ld="-s -w -buildid="
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=$built"
   done
-  echo "bins: building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl v$K8S_VERSION into $OUT (cold: ~20-40 min)"
-  (cd "$HERE/k8s" && go build -tags=selinux,notest -ldflags="$ld" -o "$OUT/" \
+  echo "bins: building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl v$K8S_VERSION into $OUT (cold: about 9 min on 2 cores)"
+  (cd "$HERE/$K8S_MODULE" && go build -tags=selinux,notest -ldflags="$ld" -o "$OUT/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl) \
     || die "building Kubernetes v$K8S_VERSION failed (see the go output above); retry 'make bins'"
@@ -74,12 +77,12 @@ build_kwok() {
   done > "$OUT/kwok-stages.yaml"
 }
 
-if up_to_date k8s k8s kube-apiserver "v$K8S_VERSION" && [[ -x "$OUT/kube-scheduler" && -x "$OUT/kube-controller-manager" && -x "$OUT/kubectl" ]]; then
+if up_to_date k8s "$K8S_MODULE" kube-apiserver "v$K8S_VERSION" && [[ -x "$OUT/kube-scheduler" && -x "$OUT/kube-controller-manager" && -x "$OUT/kubectl" ]]; then
   echo "bins: Kubernetes v$K8S_VERSION already built in $OUT"
 else
   build_k8s
   "$OUT/kube-apiserver" --version | grep -q "v$K8S_VERSION" || die "kube-apiserver does not report v$K8S_VERSION"
-  mark_built k8s k8s
+  mark_built k8s "$K8S_MODULE"
 fi
 if up_to_date etcd etcd etcd "$ETCD_VERSION"; then
   echo "bins: etcd v$ETCD_VERSION already built"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from . import cluster, demo
+from .binaries import K8S_VERSION, VERSIONS
 from .cluster import default_dir
 from .processes import LabError
 
@@ -24,6 +25,11 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
                         help="also run kube-controller-manager's resourceclaim-controller")
     lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
     lab_up.add_argument("--runtime-config", default="", help="kube-apiserver --runtime-config")
+    lab_up.add_argument("--kubernetes", default=K8S_VERSION,
+                        help=f"control-plane version, one of {', '.join(VERSIONS)} (default: %(default)s; "
+                             "each is built once by 'make bins K8S_VERSION=...')")
+    lab_up.add_argument("--kcm-qps", type=float, default=0,
+                        help="kube-controller-manager's --kube-api-qps (burst twice that; default: its own, 20)")
     lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
     lab_up.add_argument("--real-node", action="store_true",
                         help="also one real node (kubelet, containerd, runc, CNI bridge; needs root): see README")
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 dir=args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, models=args.models,
                 upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
                 runtime_config=args.runtime_config, api_port=args.api_port,
-                real_node=args.real_node), say)
+                real_node=args.real_node, kubernetes=args.kubernetes, kcm_qps=args.kcm_qps), say)
         elif args.lab_command == "down":
             cluster.down(args.dir, say)
         elif args.lab_command == "restart-apiserver":

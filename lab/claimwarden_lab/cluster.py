@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client, config
 
 from . import driver, pki, realnode
-from .binaries import STAGES_FILE, require_binaries
+from .binaries import K8S_VERSION, STAGES_FILE, require_binaries, resolve_version
 from .processes import (
     LabError,
     Process,
@@ -85,6 +85,11 @@ class LabOptions:
     max_requests_inflight: int = 0
     """With priority and fairness: the apiserver's total seats (read-only; mutating get half), 0 = its default."""
     real_node: bool = False  # one real kubelet node beside the kwok nodes (realnode.py)
+    kubernetes: str = K8S_VERSION
+    """The control plane's version: 1.34 to 1.37 (binaries per version, see binaries.py)."""
+    kcm_qps: float = 0
+    """kube-controller-manager's client budget (--kube-api-qps, burst twice that); 0 = its default, 20.
+    Raise it so that the lab's own garbage collector and eviction controller are not what a benchmark measures."""
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 500:
@@ -92,6 +97,9 @@ class LabOptions:
         if not 1 <= self.gpus_per_node <= 128:
             raise LabError(f"--gpus-per-node {self.gpus_per_node} is out of range; give 1 to 128 "
                            "(a ResourceSlice lists at most 128 devices)")
+        if self.kcm_qps < 0:
+            raise LabError(f"--kcm-qps {self.kcm_qps} is negative; give 0 for kube-controller-manager's default")
+        resolve_version(self.kubernetes)
         if self.api_port and not 1024 <= self.api_port <= 65535:
             raise LabError(f"--api-port {self.api_port} is out of range; give 1024 to 65535, or 0 for any")
         try:
@@ -168,7 +176,8 @@ def _prepare_dir(directory: Path, say: Say) -> LabState | None:
 def up(options: LabOptions, say: Say = print) -> LabState:
     """Start the lab and return once the apiserver is ready, nodes are Ready and slices published."""
     models = options.validate()
-    bins = require_binaries()
+    version = resolve_version(options.kubernetes)
+    bins = require_binaries(version=version)
     directory = options.dir.expanduser().resolve()
     running = _prepare_dir(directory, say)
     if running is not None:
@@ -184,7 +193,8 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     state = LabState(dir=directory, bin_dir=str(bins), options={
         "nodes": options.nodes, "gpus_per_node": options.gpus_per_node, "models": [m.name for m in models],
         "upstream_claims": options.upstream_claims, "feature_gates": options.feature_gates,
-        "runtime_config": options.runtime_config, "real_node": options.real_node})
+        "runtime_config": options.runtime_config, "real_node": options.real_node, "kubernetes": version,
+        "kcm_qps": options.kcm_qps})
     state.ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": options.api_port or free_port(),
                    "scheduler": free_port(), "controller-manager": free_port(), "kwok": free_port()}
     state.api_url = f"https://127.0.0.1:{state.ports['apiserver']}"
@@ -205,7 +215,7 @@ def up(options: LabOptions, say: Say = print) -> LabState:
             realnode.unmount(directory)
         (directory / STATE_FILE).unlink(missing_ok=True)
         raise
-    say(f"lab ready in {time.monotonic() - started:.1f}s: {state.api_url}, "
+    say(f"lab ready in {time.monotonic() - started:.1f}s: Kubernetes v{version}, {state.api_url}, "
         f"{options.nodes} node(s), kubeconfig {state.kubeconfig}")
     return state
 
@@ -276,10 +286,12 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
     scheduler = launch("kube-scheduler", [str(bins / "kube-scheduler"), *common,
                                           f"--secure-port={ports['scheduler']}"])
     controllers = "*" if options.upstream_claims else "*,-resourceclaim-controller"
+    budget = ([f"--kube-api-qps={options.kcm_qps:g}", f"--kube-api-burst={max(1, round(2 * options.kcm_qps))}"]
+              if options.kcm_qps else [])
     kcm = launch("kube-controller-manager", [
         str(bins / "kube-controller-manager"), *common, f"--secure-port={ports['controller-manager']}",
         f"--controllers={controllers}", f"--root-ca-file={ca}",
-        f"--service-account-private-key-file={pki_dir / 'sa.key'}"])
+        f"--service-account-private-key-file={pki_dir / 'sa.key'}", *budget])
     kwok = launch("kwok", [
         str(bins / "kwok"), f"--kubeconfig={kubeconfig}", f"--config={bins / STAGES_FILE}",
         f"--manage-nodes-with-annotation-selector={driver.NODE_ANNOTATION}=fake",

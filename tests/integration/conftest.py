@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from claimwarden_lab import cluster
+from claimwarden_lab import binaries, cluster
 from claimwarden_lab.processes import LabError
 
 from .auditor import Audit, LabAudit, LogWatch, Rules, leftovers, read_objects, rules_from, shared_devices
@@ -72,12 +72,17 @@ def service_account_kubeconfig(state: cluster.LabState) -> Path:
     return path
 
 
+def lab_kubernetes() -> str:
+    """The Kubernetes version the suite's labs run: $CLAIMWARDEN_KUBERNETES (1.34 to 1.37), else the default."""
+    return os.environ.get("CLAIMWARDEN_KUBERNETES") or binaries.K8S_VERSION
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LabState]:
     if _LAB_ERROR:
         pytest.fail(_LAB_ERROR[0], pytrace=False)
     directory = tmp_path_factory.mktemp("lab") / "cluster"
-    options = cluster.LabOptions(dir=directory, nodes=2, gpus_per_node=8)
+    options = cluster.LabOptions(dir=directory, nodes=2, gpus_per_node=8, kubernetes=lab_kubernetes())
     try:
         state = cluster.up(options, say=lambda line: print(f"lab: {line}"))
     except LabError as exc:
@@ -187,6 +192,7 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = No
     passes `rules` with a higher `max_writes` (and says why)."""
     directory = tmp_path_factory.mktemp("extra-lab") / "cluster"
     try:
+        options.setdefault("kubernetes", lab_kubernetes())
         state = cluster.up(cluster.LabOptions(dir=directory, **options), say=lambda line: print(f"lab: {line}"))
     except LabError as exc:
         pytest.fail(f"the extra lab could not start: {exc}", pytrace=False)

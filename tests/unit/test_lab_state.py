@@ -22,6 +22,8 @@ def _dead_pid() -> int:
     ("gpus_per_node", 129, "--gpus-per-node 129 is out of range"),
     ("api_port", 80, "--api-port 80 is out of range"),
     ("models", "B200", "unknown GPU model"),
+    ("kcm_qps", -1, "--kcm-qps -1 is negative"),
+    ("kubernetes", "1.33", "not one the lab runs"),
 ])
 def test_bad_options_are_rejected(field: str, value: object, message: str) -> None:
     options = cluster.LabOptions(**{field: value})  # type: ignore[arg-type]
@@ -45,6 +47,23 @@ def test_bin_dir_is_versioned_and_overridable(monkeypatch: pytest.MonkeyPatch) -
     assert binaries.bin_dir().parts[-3:] == ("claimwarden", "bin", "v1.34.4")
     monkeypatch.setenv("CLAIMWARDEN_BIN_DIR", "/opt/bins")
     assert binaries.bin_dir() == Path("/opt/bins")
+    assert binaries.bin_dir("1.37.2").parts[-1] == "v1.37.2", "the override is the default version's only"
+
+
+@pytest.mark.parametrize(("given", "resolved"), [("1.34", "1.34.4"), ("v1.37", "1.37.2"), ("1.36.3", "1.36.3")])
+def test_kubernetes_versions_resolve_to_the_served_patch_release(given: str, resolved: str) -> None:
+    assert binaries.resolve_version(given) == resolved
+
+
+@pytest.mark.parametrize("given", ["1.33", "1.37.1", "2.0", "latest", ""])
+def test_other_kubernetes_versions_are_refused_with_the_list(given: str) -> None:
+    with pytest.raises(LabError, match=r"1\.34, 1\.35, 1\.36, 1\.37"):
+        binaries.resolve_version(given)
+
+
+def test_missing_binaries_of_another_version_name_its_build(tmp_path: Path) -> None:
+    with pytest.raises(LabError, match=r"make bins K8S_VERSION=1\.37\.2"):
+        binaries.require_binaries(tmp_path, version="1.37.2")
 
 
 def test_foreign_directory_is_never_wiped(tmp_path: Path) -> None:
