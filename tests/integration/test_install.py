@@ -66,6 +66,11 @@ def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
     ("patch", "resourceclaims.resource.k8s.io/status", True),
     ("create", "resourceclaims.resource.k8s.io", True),
     ("patch", "unhealthydevices.claimwarden.io/status", True),
+    ("watch", "podgroups.scheduling.k8s.io", True),
+    ("patch", "podgroups.scheduling.k8s.io/status", True),
+    ("patch", "podgroups.scheduling.k8s.io", False),
+    ("update", "podgroups.scheduling.k8s.io/finalizers", False),
+    ("delete", "podgroups.scheduling.k8s.io", False),
 ])
 def test_the_service_account_gets_exactly_what_it_needs(lab: LabState, verb: str, resource: str,
                                                         allowed: bool) -> None:
