@@ -175,6 +175,54 @@ def test_1000_pods_of_one_podgroup_share_one_claim_released_when_the_podgroup_an
         api.close()
 
 
+def _events(api: client.ApiClient, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    return [(e.type, e.reason, e.message) for e in client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}").items]
+
+
+@pytest.mark.audit(expect_log=[r"PodGroup \"late\" not found", r"resource claim template \"late-gpu\""],
+                   reason="the test provokes both retried problems on purpose")
+def test_a_missing_podgroup_or_template_gets_a_clear_event_and_the_claim_comes_once_they_exist(
+        big_lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> None:
+    api = _api(big_lab)
+    namespace = "late"
+    client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
+    operator = Operator(service_account_kubeconfig(big_lab), tmp_path_factory.mktemp("late") / "claimwarden.log")
+    operator.start()
+    try:
+        uses = [{"name": "gpu", "resourceClaimTemplateName": "late-gpu"}]
+        create_pods(api, namespace, [_member("pod-0", "late", uses)])
+        warning = wait_for("a Warning Event on the pod", lambda: [e for e in _events(api, namespace, "pod-0")
+                                                                  if e[1] == "FailedResourceClaimCreation"], 60)
+        assert warning[0][0] == "Warning"
+        assert warning[0][2] == ('PodResourceClaim gpu: PodGroup "late" not found; '
+                                 "its claims are generated once it exists"), warning
+        # Like upstream, nothing is generated per pod while the PodGroup is missing.
+        assert _claims(api, namespace) == []
+
+        _create_podgroup(api, namespace, "late", uses)
+        warning = wait_for("a Warning Event on the PodGroup", lambda: [
+            e for e in _events(api, namespace, "late") if e[1] == "FailedResourceClaimCreation"], 60)
+        assert warning[0][2] == ('PodGroupResourceClaim gpu: resource claim template "late-gpu": '
+                                 'resourceclaimtemplate.resource.k8s.io "late-gpu" not found'), warning
+        assert _claims(api, namespace) == []
+
+        client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("late-gpu"))
+        [claim] = wait_for("the group's claim", lambda: _claims(api, namespace), 30)
+        wait_for("the pod records it", lambda: (_pods(api, namespace)[0].get("status") or {}).get(
+            "resourceClaimStatuses") == [{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}], 30)
+        wait_for("the pod running on the group's reservation", lambda: (
+            _pods(api, namespace)[0].get("status") or {}).get("phase") == "Running", 60)
+        [claim] = _claims(api, namespace)
+        assert [r["resource"] for r in claim["status"]["reservedFor"]] == [PLURAL]
+    finally:
+        operator.stop()
+        client.CoreV1Api(api).delete_namespace(namespace)
+        wait_for("the namespace gone", lambda: namespace not in {
+            n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 300, interval=2)
+        api.close()
+
+
 # --- side by side with kube-controller-manager's controller --------------------------------------
 
 def _shape(api: client.ApiClient, namespace: str) -> dict[str, Any]:
