@@ -168,10 +168,11 @@ def test_1000_pods_of_one_podgroup_share_one_claim_released_when_the_podgroup_an
         wait_for("the PodGroup's claim released and deleted", lambda: not _claims(api, namespace), 120)
         assert "Traceback" not in Path(operator.log_path).read_text()
     finally:
-        operator.stop()
+        # With claimwarden still running: it removes the claims' delete-protection finalizers.
         client.CoreV1Api(api).delete_namespace(namespace)
         wait_for("the namespace gone", lambda: namespace not in {
             n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 300, interval=2)
+        operator.stop()
         api.close()
 
 
@@ -216,10 +217,11 @@ def test_a_missing_podgroup_or_template_gets_a_clear_event_and_the_claim_comes_o
         [claim] = _claims(api, namespace)
         assert [r["resource"] for r in claim["status"]["reservedFor"]] == [PLURAL]
     finally:
-        operator.stop()
+        # With claimwarden still running: it removes the claims' delete-protection finalizers.
         client.CoreV1Api(api).delete_namespace(namespace)
         wait_for("the namespace gone", lambda: namespace not in {
             n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 300, interval=2)
+        operator.stop()
         api.close()
 
 
