@@ -245,7 +245,12 @@ def _shape(api: client.ApiClient, namespace: str) -> dict[str, Any]:
     for claim in claims:
         meta = claim["metadata"]
         shaped_claims[base(meta["name"])] = {
-            "owners": [{**{k: v for k, v in r.items() if k != "uid"}, "uid": uids.get(r["uid"], "?")}
+            # Per-pod claims: kube-controller-manager stopped setting blockOwnerDeletion on the pod owner
+            # in 1.35 and claimwarden still sets it as 1.34 does; that is the per-pod claims' matter, not
+            # PodGroups', so it is left out here (PodGroup owners are compared whole).
+            "owners": [{**{k: v for k, v in r.items() if k != "uid"
+                           and not (k == "blockOwnerDeletion" and r.get("kind") == "Pod")},
+                        "uid": uids.get(r["uid"], "?")}
                        for r in meta.get("ownerReferences") or []],
             "annotations": meta.get("annotations") or {},
             "labels": meta.get("labels") or {},
