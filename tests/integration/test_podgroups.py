@@ -1,9 +1,10 @@
 """PodGroup reservations (KEP-5729) on Kubernetes 1.37 with the gates: one claim per PodGroup, one
 reservedFor entry however many pods share it, released when the PodGroup goes.
 
-PodGroups exist only from 1.36 on, so this module always starts its own 1.37 lab (`extra_lab(...,
-kubernetes="1.37")`), whatever $CLAIMWARDEN_KUBERNETES the rest of the suite runs: the file means the
-same in every run, and fails (never skips) when the 1.37 binaries or the gates are missing.
+PodGroups exist only from 1.36 on, so this module always starts its own labs (`extra_lab(...,
+kubernetes="1.37")`, and "1.36" for the side-by-side comparison), whatever $CLAIMWARDEN_KUBERNETES the
+rest of the suite runs: the file means the same in every run, and fails (never skips) when those
+binaries or the gates are missing.
 Marked `podgroups` so that a run can select or leave it out (`-m podgroups`, `-m "not podgroups"`).
 """
 
@@ -48,10 +49,10 @@ def _claims(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
         "resource.k8s.io", "v1", namespace, "resourceclaims")["items"])
 
 
-def _podgroup(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+def _podgroup(api: client.ApiClient, namespace: str, name: str, version: str = VERSION) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name)
+            GROUP, version, namespace, PLURAL, name)
         return found
     except ApiException as exc:
         if exc.status == 404:
@@ -59,11 +60,12 @@ def _podgroup(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any
         raise
 
 
-def _create_podgroup(api: client.ApiClient, namespace: str, name: str, claims: list[dict[str, str]]) -> dict[str, Any]:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "metadata": {"name": name},
+def _create_podgroup(api: client.ApiClient, namespace: str, name: str, claims: list[dict[str, str]],
+                     version: str = VERSION) -> dict[str, Any]:
+    body = {"apiVersion": f"{GROUP}/{version}", "kind": "PodGroup", "metadata": {"name": name},
             "spec": {"schedulingPolicy": {"basic": {}}, "resourceClaims": claims}}
     created: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, body)
+        GROUP, version, namespace, PLURAL, body)
     # Without DRAWorkloadResourceClaims the apiserver drops the field: fail here with the reason.
     assert created["spec"].get("resourceClaims") == claims, \
         f"the apiserver dropped PodGroup.spec.resourceClaims (is {GATES} on?): {created['spec']}"
@@ -91,13 +93,13 @@ def _api(state: LabState) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(state.kubeconfig))
 
 
-def _serves_podgroups(api: client.ApiClient) -> None:
+def _serves_podgroups(api: client.ApiClient, version: str = VERSION) -> None:
     try:
-        resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION)
+        resources = client.CustomObjectsApi(api).get_api_resources(GROUP, version)
     except ApiException as exc:
-        raise AssertionError(f"the lab does not serve {GROUP}/{VERSION} (runtime-config {RUNTIME_CONFIG}?): "
-                             f"{exc.status}") from None
-    assert any(r.name == PLURAL for r in resources.resources), f"{GROUP}/{VERSION} serves no {PLURAL}"
+        raise AssertionError(f"the lab does not serve {GROUP}/{version} (runtime-config "
+                             f"{GROUP}/{version}=true?): {exc.status}") from None
+    assert any(r.name == PLURAL for r in resources.resources), f"{GROUP}/{version} serves no {PLURAL}"
 
 
 # --- 1,000 pods, one claim ----------------------------------------------------------------------
@@ -227,13 +229,13 @@ def test_a_missing_podgroup_or_template_gets_a_clear_event_and_the_claim_comes_o
 
 # --- side by side with kube-controller-manager's controller --------------------------------------
 
-def _shape(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+def _shape(api: client.ApiClient, namespace: str, version: str) -> dict[str, Any]:
     """The claims, pod statuses and PodGroup statuses with generated suffixes and UIDs taken out."""
     claims = _claims(api, namespace)
     uids = {}
     for obj in [*claims, *_pods(api, namespace)]:
         uids[obj["metadata"]["uid"]] = f"{obj.get('kind', 'Pod')}/{obj['metadata']['name']}"
-    group = _podgroup(api, namespace, "team")
+    group = _podgroup(api, namespace, "team", version)
     if group is not None:
         uids[group["metadata"]["uid"]] = "PodGroup/team"
 
@@ -267,12 +269,12 @@ def _shape(api: client.ApiClient, namespace: str) -> dict[str, Any]:
     return {"claims": shaped_claims, "pods": pods, "podgroup": statuses if group is not None else None}
 
 
-def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with_claimwarden: bool
-              ) -> list[dict[str, Any]]:
+def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with_claimwarden: bool,
+              version: str) -> list[dict[str, Any]]:
     """Three pods of PodGroup `team`: one group claim from a template, one group claim by name, one
     per-pod claim; then the pods go, then the PodGroup. The shape after each step."""
     api = _api(state)
-    _serves_podgroups(api)
+    _serves_podgroups(api, version)
     namespace = "side"
     _setup_namespace(api, namespace)
     client.ResourceV1Api(api).create_namespaced_resource_claim(namespace, body={
@@ -285,13 +287,13 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
     try:
         group_claims = [{"name": "gpu", "resourceClaimTemplateName": "gpu"},
                         {"name": "shared", "resourceClaimName": "shared"}]
-        _create_podgroup(api, namespace, "team", group_claims)
+        _create_podgroup(api, namespace, "team", group_claims, version)
         uses = [*group_claims, {"name": "own", "resourceClaimTemplateName": "gpu"}]
         names = [f"pod-{i}" for i in range(3)]
         create_pods(api, namespace, [_member(n, "team", uses) for n in names])
 
         def settled() -> dict[str, Any] | None:
-            shape = _shape(api, namespace)
+            shape = _shape(api, namespace, version)
             running = sum(1 for p in _pods(api, namespace) if (p.get("status") or {}).get("phase") == "Running")
             return shape if running == 3 and len(shape["claims"]) == 5 else None
 
@@ -299,14 +301,14 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
         delete_pods(api, namespace, names)
         wait_for("the pods gone", lambda: not _pods(api, namespace), 120)
         time.sleep(15)  # the per-pod claims go; what stays must stay
-        shapes.append(_shape(api, namespace))
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "team")
-        wait_for("the PodGroup gone", lambda: _podgroup(api, namespace, "team") is None, 120)
+        shapes.append(_shape(api, namespace, version))
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, version, namespace, PLURAL, "team")
+        wait_for("the PodGroup gone", lambda: _podgroup(api, namespace, "team", version) is None, 120)
         wait_for("the shared claim released", lambda: not any(
             c["metadata"]["name"] == "shared" and (c.get("status") or {}).get("reservedFor")
             for c in _claims(api, namespace)) and len(_claims(api, namespace)) == 1, 120)
         time.sleep(5)
-        shapes.append(_shape(api, namespace))
+        shapes.append(_shape(api, namespace, version))
         client.CoreV1Api(api).delete_namespace(namespace)
         wait_for("the namespace gone", lambda: namespace not in {
             n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 120, interval=2)
@@ -317,18 +319,21 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
     return shapes
 
 
+@pytest.mark.parametrize(("kubernetes", "version"), [(KUBERNETES, VERSION), ("1.36", "v1alpha2")])
 def test_podgroup_claims_have_the_shape_kube_controller_managers_controller_gives_them(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    options = {"kubernetes": KUBERNETES, "nodes": 1, "gpus_per_node": 8, "feature_gates": GATES,
-               "runtime_config": RUNTIME_CONFIG}
+        tmp_path_factory: pytest.TempPathFactory, kubernetes: str, version: str) -> None:
+    """The same scenario under kube-controller-manager's controller and under claimwarden, on 1.37
+    (PodGroups at v1beta1) and 1.36 (v1alpha2, where the gates are alpha)."""
+    options = {"kubernetes": kubernetes, "nodes": 1, "gpus_per_node": 8, "feature_gates": GATES,
+               "runtime_config": f"{GROUP}/{version}=true"}
     with extra_lab(tmp_path_factory, upstream_claims=True, **options) as state:
-        upstream = _scenario(state, tmp_path_factory, with_claimwarden=False)
+        upstream = _scenario(state, tmp_path_factory, with_claimwarden=False, version=version)
     with extra_lab(tmp_path_factory, **options) as state:
-        ours = _scenario(state, tmp_path_factory, with_claimwarden=True)
+        ours = _scenario(state, tmp_path_factory, with_claimwarden=True, version=version)
     running, _, _ = upstream
     # What upstream does, stated once so that a change on either side shows up in this file.
     gpu = running["claims"]["team-gpu-<5>"]
-    assert gpu["owners"] == [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "name": "team",
+    assert gpu["owners"] == [{"apiVersion": f"{GROUP}/{version}", "kind": "PodGroup", "name": "team",
                               "controller": True, "uid": "PodGroup/team"}]
     assert gpu["annotations"] == {"example.com/note": "from the template",
                                   "resource.kubernetes.io/pod-claim-name": "gpu"}
