@@ -347,7 +347,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                     claims.enqueue_pod(namespace, pod)
 
             runtime.podgroups = PodGroupsController(cache, kube, CONFIG.podgroup_version, on_claim=members_record)
-            claims.group_claims = runtime.podgroups.owned_claims
+            claims.podgroups = runtime.podgroups
             runtime.add_loop(runtime.podgroups.queue, runtime.podgroups.reconcile)
     if "health" in CONFIG.controllers:
         runtime.health = HealthController(cache, kube, CONFIG.namespace, CONFIG.health)

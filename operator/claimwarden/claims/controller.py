@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
-from typing import Any, cast
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
@@ -24,6 +24,9 @@ from ..workqueue import Retry, WorkQueue
 from . import plan
 from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
 
+if TYPE_CHECKING:
+    from .podgroup_controller import PodGroupsController
+
 log = logging.getLogger("claimwarden.claims")
 
 NAME = "claims"
@@ -39,12 +42,12 @@ class ClaimRetry(Retry):
 
 
 class ClaimsController:
-    def __init__(self, cache: Cache, kube: Kube, group_claims: Callable[[str, str], list[Body]] | None = None) -> None:
+    def __init__(self, cache: Cache, kube: Kube, podgroups: PodGroupsController | None = None) -> None:
         self.cache = cache
         self.kube = kube
-        # Where the cluster serves PodGroups: (namespace, PodGroup UID) -> the claims it controls
-        # (PodGroupsController.owned_claims); None where it does not, and pods are planned as before.
-        self.group_claims = group_claims
+        # Where the cluster serves PodGroups, their controller (the claims they control, the served
+        # version); None where it does not, and pods are planned as before.
+        self.podgroups = podgroups
         self.queue = WorkQueue(NAME)
         # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
         self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
@@ -93,7 +96,7 @@ class ClaimsController:
                 if template is not None:
                     templates[template_name] = template
 
-        pod_plan = plan.plan_pod(pod, claims, owned, templates, group=self._group_view(pod))
+        pod_plan = plan.plan_pod(pod, claims, owned, templates, group=await self._group_view(pod))
         failures: list[str] = []
         recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
         for create in pod_plan.create:
@@ -124,15 +127,20 @@ class ClaimsController:
                 await self._warn(pod, message)
             raise ClaimRetry("; ".join(failures))
 
-    def _group_view(self, pod: Body) -> GroupView | None:
+    async def _group_view(self, pod: Body) -> GroupView | None:
         name = podgroup_name_of(pod)
-        if self.group_claims is None or name is None:
+        if self.podgroups is None or name is None:
             return None
         namespace = pod["metadata"]["namespace"]
         podgroup = self.cache.podgroup(namespace, name)
         if podgroup is None:
+            # Not in the cache: confirm before telling the user it is missing (it may be too new, or
+            # the PodGroup watch still listing at start-up).
+            podgroup = await self.kube.get_podgroup(self.podgroups.version, namespace, name)
+        if podgroup is None:
             return GroupView(name, None)
-        return GroupView(name, podgroup, tuple(self.group_claims(namespace, podgroup["metadata"].get("uid", ""))))
+        owned = self.podgroups.owned_claims(namespace, podgroup["metadata"].get("uid", ""))
+        return GroupView(name, podgroup, tuple(owned))
 
     def _owned_claims(self, namespace: str, pod_uid: str) -> list[Body]:
         now = time.monotonic()
