@@ -4,7 +4,7 @@ Both run in one invocation, each in its own fresh Kubernetes 1.37 lab with the P
 node, one device: every pod shares the group's one claim), so the ratio is more telling than either
 number. Measured: seconds from the first pod created to every pod Running, and claims created.
 
-    .venv/bin/python bench/podgroups_vs_upstream.py [--pods 1000]
+    .venv/bin/python bench/podgroups_vs_upstream.py [--pods 1000] [--upstream-first]
 """
 
 from __future__ import annotations
@@ -67,10 +67,12 @@ def _measure(state: cluster.LabState, pods: int) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--upstream-first", action="store_true", help="measure kube-controller-manager first")
     args = parser.parse_args()
+    runs = [("claimwarden", False), ("kube-controller-manager", True)]
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, upstream in (("claimwarden", False), ("kube-controller-manager", True)):
+        for name, upstream in reversed(runs) if args.upstream_first else runs:
             directory = Path(tmp) / name
             state = cluster.up(cluster.LabOptions(
                 dir=directory, upstream_claims=upstream, kubernetes="1.37", nodes=1, gpus_per_node=1,
