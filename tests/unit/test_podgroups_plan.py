@@ -259,3 +259,36 @@ def test_a_claim_owned_by_a_podgroup_is_not_a_pods_claim() -> None:
     assert podgroups.is_for_group_of(claim, member())
     assert not podgroups.is_for_group_of(claim, member(group="other"))
     assert podgroups.controlling_podgroup_uid(group_claim(version="v1alpha2")) == PG_UID
+
+
+# --- what the indices keep ------------------------------------------------------------------------
+
+def test_projections_keep_what_podgroup_claims_need() -> None:
+    from claimwarden import projections
+
+    pod = projections.pod({**member(), "status": {"phase": "Running"}})
+    assert pod["spec"]["schedulingGroup"] == {"podGroupName": "team"}
+    assert "schedulingGroup" not in projections.pod(member(group=None))["spec"]
+    group = podgroup(statuses=[{"name": "gpu", "resourceClaimName": "team-gpu-abcde"}])
+    group["metadata"]["finalizers"] = [podgroups.PROTECTION_FINALIZER]
+    projected = projections.podgroup(group)
+    assert projected["apiVersion"] == "scheduling.k8s.io/v1beta1"  # staleness.py lists it at this version
+    assert projected["spec"] == {"resourceClaims": group["spec"]["resourceClaims"]}
+    assert projected["status"] == group["status"]
+    assert projected["metadata"]["finalizers"] == [podgroups.PROTECTION_FINALIZER]
+
+
+def test_claims_owned_by_a_podgroup_are_looked_up_by_its_uid_within_its_namespace() -> None:
+    from claimwarden.cache import Cache
+
+    claim = group_claim()
+    name = claim["metadata"]["name"]
+    names = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
+             "claims_by_device", "claims_by_record", "templates_by_name")
+    indices: dict[str, Any] = {n: {} for n in names}
+    indices["claims_by_name"] = {(NS, name): [claim]}
+    indices["claims_by_podgroup"] = {(NS, PG_UID): [name], ("elsewhere", PG_UID): [name]}
+    view = Cache(indices)
+    assert view.claims_owned_by_podgroup(NS, PG_UID) == [claim]
+    assert view.claims_owned_by_podgroup("elsewhere", PG_UID) == []
+    assert view.claims_owned_by_podgroup(NS, "another-uid") == []
