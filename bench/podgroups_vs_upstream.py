@@ -24,8 +24,6 @@ from kubernetes import client, config
 from claimwarden_lab import cluster
 from claimwarden_lab.processes import free_port
 
-GATES = "GenericWorkload=true,DRAWorkloadResourceClaims=true"
-RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 USES = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
 
 
@@ -76,7 +74,7 @@ def main() -> None:
             directory = Path(tmp) / name
             state = cluster.up(cluster.LabOptions(
                 dir=directory, upstream_claims=upstream, kubernetes="1.37", nodes=1, gpus_per_node=1,
-                feature_gates=GATES, runtime_config=RUNTIME_CONFIG), say=lambda _: None)
+                presets="podgroups"), say=lambda _: None)
             operator = None
             try:
                 if not upstream:

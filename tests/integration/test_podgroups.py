@@ -30,8 +30,7 @@ from .operator import Operator
 pytestmark = pytest.mark.podgroups
 
 KUBERNETES = "1.37"
-GATES = "GenericWorkload=true,DRAWorkloadResourceClaims=true"
-RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
+GATES = "GenericWorkload=true,DRAWorkloadResourceClaims=true"  # the lab's podgroups preset turns them on
 GROUP, VERSION, PLURAL = "scheduling.k8s.io", "v1beta1", "podgroups"
 PROTECTION_FINALIZER = "scheduling.k8s.io/podgroup-protection"
 GENERATED = re.compile(r"^(?P<base>.+)-[a-z0-9]{5}$")
@@ -111,8 +110,7 @@ PODS = 1000
 def big_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
     # One node with one device: every pod must run where the device is (the node takes 1000 pods),
     # so all of them really share one allocated device.
-    with extra_lab(tmp_path_factory, kubernetes=KUBERNETES, nodes=1, gpus_per_node=1, feature_gates=GATES,
-                   runtime_config=RUNTIME_CONFIG) as state:
+    with extra_lab(tmp_path_factory, kubernetes=KUBERNETES, nodes=1, gpus_per_node=1, presets="podgroups") as state:
         yield state
 
 
@@ -324,8 +322,7 @@ def test_podgroup_claims_have_the_shape_kube_controller_managers_controller_give
         tmp_path_factory: pytest.TempPathFactory, kubernetes: str, version: str) -> None:
     """The same scenario under kube-controller-manager's controller and under claimwarden, on 1.37
     (PodGroups at v1beta1) and 1.36 (v1alpha2, where the gates are alpha)."""
-    options = {"kubernetes": kubernetes, "nodes": 1, "gpus_per_node": 8, "feature_gates": GATES,
-               "runtime_config": f"{GROUP}/{version}=true"}
+    options = {"kubernetes": kubernetes, "nodes": 1, "gpus_per_node": 8, "presets": "podgroups"}
     with extra_lab(tmp_path_factory, upstream_claims=True, **options) as state:
         upstream = _scenario(state, tmp_path_factory, with_claimwarden=False, version=version)
     with extra_lab(tmp_path_factory, **options) as state:
