@@ -63,6 +63,8 @@ class RunConfig:
     namespace: str = "claimwarden-system"
     workers: int = 8
     request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
+    api_qps: float = 0.0  # Kube's client-side budget (--kube-api-qps); 0 = no limit
+    api_burst: int = 1
     server_version: str = "unknown"
     resync_seconds: float = 300.0
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
@@ -251,7 +253,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     identity = CONFIG.election.identity if CONFIG.election else "standalone"
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
                               request_timeout=CONFIG.request_timeout,
-                              user_agent=f"claimwarden/{__version__} ({identity})")
+                              user_agent=f"claimwarden/{__version__} ({identity})",
+                              qps=CONFIG.api_qps, burst=CONFIG.api_burst)
     runtime = Runtime(cache=cache, kube=kube, workers_per_queue=CONFIG.workers, resync_seconds=CONFIG.resync_seconds,
                       kopf_state=memo.kopf_state)
     if "claims" in CONFIG.controllers:

@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -43,9 +44,35 @@ CORE = "/api/v1"
 RESOURCE = "/apis/resource.k8s.io/v1"
 REQUEST_TIMEOUT = 30.0  # seconds, for the whole request: connect, send, wait, read
 CONNECTION_POOL = 32
+UNLIMITED = 0.0  # --kube-api-qps 0: no client-side limit (the default)
 
 Credentials = tuple[aio.Configuration, datetime.datetime | None]  # a loaded configuration and its expiry
 Reload = Callable[[], Awaitable[Credentials]]
+
+
+class TokenBucket:
+    """Client-side request budget, like client-go's ``--kube-api-qps``/``--kube-api-burst``.
+
+    ``burst`` requests may go out at once; after that one every ``1 / qps`` seconds. `reserve` takes a
+    token (possibly one not refilled yet) and says how long to wait before using it, so waiting
+    requests keep their order. ``qps`` 0 means no limit.
+    """
+
+    def __init__(self, qps: float, burst: int, now: float) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._tokens = float(self.burst)
+        self._at = now
+
+    def reserve(self, now: float) -> float:
+        """Take one token at time ``now``; return the seconds to wait before the request may go out."""
+        if self.qps <= 0:
+            return 0.0
+        if now > self._at:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+            self._at = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 
 
 def refresh_due(now: datetime.datetime, loaded_at: datetime.datetime, expires_at: datetime.datetime | None) -> bool:
@@ -65,7 +92,7 @@ class Kube:
 
     def __init__(self, api_client: aio.ApiClient, *, reload: Reload | None = None,
                  expires_at: datetime.datetime | None = None, request_timeout: float = REQUEST_TIMEOUT,
-                 user_agent: str = FIELD_MANAGER) -> None:
+                 user_agent: str = FIELD_MANAGER, qps: float = UNLIMITED, burst: int = 1) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
         self.user_agent = user_agent
@@ -77,10 +104,13 @@ class Kube:
         self._expires_at = expires_at
         self._refreshing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
+        # Every request this client sends draws on it (writes, point reads, the lease); Kopf's watches do not.
+        self._budget = TokenBucket(qps, burst, time.monotonic()) if qps > 0 else None
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
-                      request_timeout: float = REQUEST_TIMEOUT, user_agent: str = FIELD_MANAGER) -> Kube:
+                      request_timeout: float = REQUEST_TIMEOUT, user_agent: str = FIELD_MANAGER,
+                      qps: float = UNLIMITED, burst: int = 1) -> Kube:
         async def reload() -> Credentials:
             configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
             configuration.connection_pool_maxsize = CONNECTION_POOL
@@ -88,7 +118,7 @@ class Kube:
 
         configuration, expires_at = await reload()
         return cls(aio.ApiClient(configuration), reload=reload, expires_at=expires_at,
-                   request_timeout=request_timeout, user_agent=user_agent)
+                   request_timeout=request_timeout, user_agent=user_agent, qps=qps, burst=burst)
 
     async def close(self) -> None:
         for task in self._retired:
@@ -122,6 +152,10 @@ class Kube:
     async def _send(self, api_client: aio.ApiClient, method: str, path: str, body: Any,
                     query: dict[str, Any] | None, content_type: str, allow_missing: bool,
                     accept: str) -> Body | None:
+        if self._budget is not None:
+            wait = self._budget.reserve(time.monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
