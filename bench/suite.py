@@ -67,7 +67,6 @@ def say(line: str) -> None:
 class Result:
     contender: str
     qps: float
-    lab_seconds: float = 0.0
     figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -101,24 +100,31 @@ def _install(state: cluster.LabState) -> Path:
 class Claimwarden:
     """claimwarden as a subprocess (all controllers, no leader election, as the lab's KCM), optionally under py-spy."""
 
-    def __init__(self, kubeconfig: Path, log: Path, qps: float, extra: list[str], profile: Path | None) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, qps: float, extra: list[str], profile: Path | None,
+                 tree: Path | None = None) -> None:
         self.kubeconfig, self.log, self.qps, self.extra, self.profile = kubeconfig, log, qps, extra, profile
+        self.tree = tree  # another checkout's claimwarden (a baseline), run as it is: no budget flags
         self.metrics_port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
+        self.starts = 0
 
     def start(self) -> None:
         self.metrics_port = free_port()
         argv = [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
                 "--leader-elect=false", "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
-                f"--kube-api-qps={self.qps:g}", f"--kube-api-burst={max(1, round(2 * self.qps))}", *self.extra]
+                "--liveness", f"http://127.0.0.1:{free_port()}/healthz", *self.extra]
+        if self.tree is None:
+            argv += [f"--kube-api-qps={self.qps:g}", f"--kube-api-burst={max(1, round(2 * self.qps))}"]
+        env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")} if self.tree else None
+        self.starts += 1
         if self.profile is not None:
+            output = self.profile.with_name(f"{self.profile.stem}-{self.starts}{self.profile.suffix}")
             argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--rate", "50", "--nonblocking",
-                    "--format", "raw", "-o", str(self.profile), "--", *argv]
+                    "--format", "raw", "-o", str(output), "--", *argv]
         self.started = time.monotonic()
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 
     @property
     def pid(self) -> int:
@@ -334,7 +340,7 @@ def restart_section(state: cluster.LabState, operator: Claimwarden, pods: int, r
     before = len(_writes(state))
     say("  restart: claimwarden stopped (SIGTERM); starting it again")
     operator.start()
-    _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), 600, 0.1)
+    _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), 600, 0.25)
     steady = time.monotonic() - operator.started
     time.sleep(5)
     writes = _writes(state)[before:]
@@ -399,6 +405,7 @@ def evictions_section(pods: int, nodes: int) -> dict[str, float] | None:
 
 def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) -> Result:
     upstream = name == "kube-controller-manager"
+    tree = args.baseline if name == "baseline" else None
     result = Result(name, qps)
     directory = tmp / f"{name}-{qps:g}"
     say(f"{name} at QPS {qps:g}: starting a lab with {args.nodes} nodes")
@@ -408,11 +415,12 @@ def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) ->
     operator: Claimwarden | None = None
     try:
         kubeconfig = _install(state)
-        result.lab_seconds = time.monotonic() - started
-        say(f"  lab ready in {result.lab_seconds:.0f} s")
+        result.figures["lab start-up s"] = time.monotonic() - started
+        say(f"  lab ready in {result.figures['lab start-up s']:.0f} s")
         if not upstream:
-            profile = args.profile / f"claimwarden-{qps:g}.txt" if args.profile else None
-            operator = Claimwarden(kubeconfig, tmp / f"claimwarden-{qps:g}.log", qps, args.claimwarden_args, profile)
+            profile = args.profile / f"{name}-{qps:g}.txt" if args.profile else None
+            log = (args.profile or tmp) / f"{name}-{qps:g}.log"
+            operator = Claimwarden(kubeconfig, log, qps, args.claimwarden_args, profile, tree)
             operator.start()
             operator.wait_ready()
             say("  claimwarden leads")
@@ -441,9 +449,6 @@ def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) ->
 
 # --- the table ----------------------------------------------------------------------------------
 
-LOWER_IS_BETTER = ("s", "MiB", "pod", "restart")
-
-
 def table(results: list[Result], args: argparse.Namespace, evictions: dict[str, float] | None) -> str:
     lines = [f"conditions: {args.pods} pods (8 creating threads), {args.nodes} kwok nodes x 8 GPUs, "
              f"Kubernetes {cluster.K8S_VERSION}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
@@ -451,18 +456,21 @@ def table(results: list[Result], args: argparse.Namespace, evictions: dict[str, 
              "QPS = the same client budget for both: KCM --kube-api-qps=Q --kube-api-burst=2Q, claimwarden "
              "--kube-api-qps=Q --kube-api-burst=2Q; the lab's own KCM (garbage collector) at "
              f"{HIGH_KCM_QPS:g} in claimwarden's labs",
-             "", "| QPS | measure | claimwarden | kube-controller-manager | claimwarden / KCM |",
-             "| --- | --- | --- | --- | --- |"]
+             "", "| QPS | measure | claimwarden | kube-controller-manager | claimwarden / KCM |"
+             + (f" baseline ({args.baseline}, no client budget) |" if args.baseline else ""),
+             "| --- | --- | --- | --- | --- |" + (" --- |" if args.baseline else "")]
     for qps in args.qps:
-        ours = next((r for r in results if r.contender == "claimwarden" and r.qps == qps), None)
-        theirs = next((r for r in results if r.contender == "kube-controller-manager" and r.qps == qps), None)
-        keys = list(dict.fromkeys([*(ours.figures if ours else {}), *(theirs.figures if theirs else {})]))
-        for key in ["lab start-up s", *keys]:
-            a = (ours.lab_seconds if ours else None) if key == "lab start-up s" else (ours.figures.get(key) if ours else None)
-            b = (theirs.lab_seconds if theirs else None) if key == "lab start-up s" \
-                else (theirs.figures.get(key) if theirs else None)
+        ours, theirs, before = (next((r for r in results if r.contender == name and r.qps == qps), None)
+                                for name in ("claimwarden", "kube-controller-manager", "baseline"))
+        keys = list(dict.fromkeys(k for r in (ours, theirs, before) if r for k in r.figures))
+        for key in keys:
+            a = ours.figures.get(key) if ours else None
+            b = theirs.figures.get(key) if theirs else None
             ratio = f"{a / b:.2f}" if a is not None and b else ""
-            lines.append(f"| {qps:g} | {key} | {_fmt(a)} | {_fmt(b)} | {ratio} |")
+            line = f"| {qps:g} | {key} | {_fmt(a)} | {_fmt(b)} | {ratio} |"
+            if args.baseline:
+                line += f" {_fmt(before.figures.get(key) if before else None)} |"
+            lines.append(line)
     for r in results:
         for note in r.notes:
             lines.append(f"note ({r.contender}, QPS {r.qps:g}): {note}")
@@ -487,8 +495,11 @@ def main() -> None:
                         default=("claimwarden", "kube-controller-manager"))
     parser.add_argument("--claimwarden-args", type=lambda t: t.split(), default=[],
                         help="more flags for claimwarden run")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also run the claimwarden of this checkout (e.g. /work/main), unthrottled as it was, "
+                             "at the highest budget only: before/after in one run")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="run claimwarden under py-spy and write raw profiles to this directory")
+                        help="run claimwarden under py-spy; its raw profiles and its logs go to this directory")
     args = parser.parse_args()
     wrong = set(args.sections) - set(SECTIONS)
     if wrong:
@@ -500,6 +511,8 @@ def main() -> None:
         for qps in args.qps:
             for name in args.contenders:
                 results.append(run_contender(name, qps, args, Path(tmp)))
+            if args.baseline and qps == max(args.qps):
+                results.append(run_contender("baseline", qps, args, Path(tmp)))
     evictions = evictions_section(args.pods, args.nodes) if "evictions" in args.sections else None
     print()
     print(table(results, args, evictions), flush=True)

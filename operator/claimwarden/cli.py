@@ -233,6 +233,9 @@ def _run(args: argparse.Namespace) -> int:
     from .leader.elector import default_identity
 
     identity = Identity(app.CONFIG.election.identity if app.CONFIG.election else default_identity())
+    from . import kopf_toggles
+
+    kopf_toggles.install()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
              memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state), identity=identity)
     return 0
