@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -101,9 +102,10 @@ class Claimwarden:
     """claimwarden as a subprocess (all controllers, no leader election, as the lab's KCM), optionally under py-spy."""
 
     def __init__(self, kubeconfig: Path, log: Path, qps: float, extra: list[str], profile: Path | None,
-                 tree: Path | None = None) -> None:
+                 tree: Path | None = None, baseline: bool = False) -> None:
         self.kubeconfig, self.log, self.qps, self.extra, self.profile = kubeconfig, log, qps, extra, profile
-        self.tree = tree  # another checkout's claimwarden (a baseline), run as it is: no budget flags
+        self.tree = tree  # the checkout whose operator/ runs
+        self.baseline = baseline  # another checkout's claimwarden, run as it was: no budget flags
         self.metrics_port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
@@ -114,7 +116,7 @@ class Claimwarden:
         argv = [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
                 "--leader-elect=false", "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
                 "--liveness", f"http://127.0.0.1:{free_port()}/healthz", *self.extra]
-        if self.tree is None:
+        if not self.baseline:
             argv += [f"--kube-api-qps={self.qps:g}", f"--kube-api-burst={max(1, round(2 * self.qps))}"]
         env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")} if self.tree else None
         self.starts += 1
@@ -189,6 +191,12 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     """(current, peak) resident set of a process, MiB."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _writes(state: cluster.LabState) -> list[dict[str, Any]]:
@@ -269,7 +277,7 @@ def _percentile(values: list[float], p: float) -> float:
 
 # --- sections -------------------------------------------------------------------------------
 
-def claims_section(api: client.ApiClient, pods: int, result: Result) -> None:
+def claims_section(api: client.ApiClient, pods: int, pid: int, result: Result) -> None:
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     core.create_namespace(body={"metadata": {"name": NAMESPACE}})
     resource.create_namespaced_resource_claim_template(NAMESPACE, body={
@@ -278,6 +286,7 @@ def claims_section(api: client.ApiClient, pods: int, result: Result) -> None:
     watch.start()
     watch.ready.wait(30)
     say(f"  claims: creating {pods} pods from 8 threads")
+    cpu = _cpu_seconds(pid)
     started = time.monotonic()
     created = _create_pods(core, pods)
     creation = time.monotonic() - started
@@ -293,6 +302,7 @@ def claims_section(api: client.ApiClient, pods: int, result: Result) -> None:
         return done >= pods
 
     _until(f"{pods} pods' claims recorded", all_recorded, 1800, 0.2)
+    cpu = _cpu_seconds(pid) - cpu
     watch.stopped = True
     latencies = [max(0.0, watch.recorded[name] - created[name]) for name in created]
     result.figures.update({
@@ -301,6 +311,7 @@ def claims_section(api: client.ApiClient, pods: int, result: Result) -> None:
         "create->recorded p50 s": _percentile(latencies, 50),
         "create->recorded p99 s": _percentile(latencies, 99),
         "create->recorded mean s": statistics.fmean(latencies),
+        "CPU s (claims)": cpu,
     })
 
 
@@ -405,7 +416,7 @@ def evictions_section(pods: int, nodes: int) -> dict[str, float] | None:
 
 def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) -> Result:
     upstream = name == "kube-controller-manager"
-    tree = args.baseline if name == "baseline" else None
+    tree = args.baseline if name == "baseline" else args.snapshot
     result = Result(name, qps)
     directory = tmp / f"{name}-{qps:g}"
     say(f"{name} at QPS {qps:g}: starting a lab with {args.nodes} nodes")
@@ -420,18 +431,18 @@ def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) ->
         if not upstream:
             profile = args.profile / f"{name}-{qps:g}.txt" if args.profile else None
             log = (args.profile or tmp) / f"{name}-{qps:g}.log"
-            operator = Claimwarden(kubeconfig, log, qps, args.claimwarden_args, profile, tree)
+            operator = Claimwarden(kubeconfig, log, qps, args.claimwarden_args, profile, tree, name == "baseline")
             operator.start()
             operator.wait_ready()
             say("  claimwarden leads")
         with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
             writes_before = len(_writes(state))
+            kcm = next(p.pid for p in state.processes if "controller-manager" in p.name)
             if "claims" in args.sections:
-                claims_section(api, args.pods, result)
+                claims_section(api, args.pods, operator.pid if operator else kcm, result)
                 if operator is not None:
                     writes = _writes(state)[writes_before:]
                     result.figures["claimwarden writes/pod"] = len(writes) / args.pods
-            kcm = next(p.pid for p in state.processes if "controller-manager" in p.name)
             if "memory" in args.sections and "claims" in args.sections:
                 memory_section(api, operator.pid if operator else kcm, args.pods, operator, result)
             if "restart" in args.sections and operator is not None and "claims" in args.sections:
@@ -480,6 +491,14 @@ def table(results: list[Result], args: argparse.Namespace, evictions: dict[str, 
     return "\n".join(lines)
 
 
+def _describe(tree: Path) -> str:
+    """The commit of a checkout, and whether it has uncommitted changes."""
+    head = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip()[:60] + (" (with uncommitted changes)" if dirty else "")
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -508,6 +527,11 @@ def main() -> None:
         args.profile.mkdir(parents=True, exist_ok=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        # claimwarden runs from a copy taken now, so that editing the tree during a run changes nothing.
+        args.snapshot = Path(tmp) / "snapshot"
+        shutil.copytree(ROOT / "operator", args.snapshot / "operator", ignore=shutil.ignore_patterns("__pycache__"))
+        say(f"claimwarden from {ROOT} at {_describe(ROOT)}" + (f"; baseline {args.baseline} at "
+                                                               f"{_describe(args.baseline)}" if args.baseline else ""))
         for qps in args.qps:
             for name in args.contenders:
                 results.append(run_contender(name, qps, args, Path(tmp)))
