@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -370,8 +371,9 @@ def _safe(probe: Callable[[], bool]) -> Callable[[], bool]:
     return safe
 
 
-def release_section(api: client.ApiClient, result: Result) -> None:
+def release_section(api: client.ApiClient, state: cluster.LabState, result: Result) -> None:
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    writes_before = len(_writes(state))
     started = time.monotonic()
     core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0, _preload_content=False)
 
@@ -393,6 +395,12 @@ def release_section(api: client.ApiClient, result: Result) -> None:
 
     _until("every claim deleted", released, 1800, 0.5)
     result.figures.update({"pods deleted s": pods_gone, "no claim left s": time.monotonic() - started})
+    writes = _writes(state)[writes_before:]
+    if writes:  # claimwarden's (the audit log has no other user's)
+        result.figures["claimwarden writes during release"] = float(len(writes))
+        result.notes.append("writes during release: " + ", ".join(
+            f"{n} {kind}" for kind, n in sorted(Counter(f"{w['verb']} {w['objectRef'].get('resource')}"
+                                                        for w in writes).items())))
 
 
 def evictions_section(pods: int, nodes: int) -> dict[str, float] | None:
@@ -406,7 +414,9 @@ def evictions_section(pods: int, nodes: int) -> dict[str, float] | None:
         say("  evictions: bench/eviction_throughput.py has no measure(contender, *, pods, nodes, say) yet; skipped")
         return None
     figures: dict[str, float] = {}
-    for contender in ("claimwarden", "kube-controller-manager"):
+    # The eviction bench names its contenders (claimwarden, upstream's controller at KCM defaults and at equal QPS).
+    for contender in getattr(module, "CONTENDERS", ("claimwarden",)):
+        say(f"evictions: {contender}, {pods} pods")
         for key, value in measure(contender, pods=pods, nodes=nodes, say=say).items():
             figures[f"{contender}: {key}"] = value
     return figures
@@ -448,7 +458,7 @@ def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) ->
             if "restart" in args.sections and operator is not None and "claims" in args.sections:
                 restart_section(state, operator, args.pods, result)
             if "release" in args.sections and "claims" in args.sections and qps == max(args.qps):
-                release_section(api, result)
+                release_section(api, state, result)
     finally:
         if operator is not None:
             operator.stop()
@@ -491,6 +501,10 @@ def table(results: list[Result], args: argparse.Namespace, evictions: dict[str, 
     return "\n".join(lines)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _describe(tree: Path) -> str:
     """The commit of a checkout, and whether it has uncommitted changes."""
     head = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
@@ -520,6 +534,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None,
                         help="run claimwarden under py-spy; its raw profiles and its logs go to this directory")
     args = parser.parse_args()
+    # Stopped with SIGTERM (or SIGINT, which a background job ignores): the labs are still taken down.
+    signal.signal(signal.SIGTERM, _interrupt)
     wrong = set(args.sections) - set(SECTIONS)
     if wrong:
         parser.error(f"unknown sections {','.join(sorted(wrong))}; choose from {','.join(SECTIONS)}")
@@ -535,7 +551,7 @@ def main() -> None:
         for qps in args.qps:
             for name in args.contenders:
                 results.append(run_contender(name, qps, args, Path(tmp)))
-            if args.baseline and qps == max(args.qps):
+            if args.baseline and qps == max(args.qps) and "baseline" not in args.contenders:
                 results.append(run_contender("baseline", qps, args, Path(tmp)))
     evictions = evictions_section(args.pods, args.nodes) if "evictions" in args.sections else None
     print()

@@ -282,6 +282,23 @@ def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
     return entries
 
 
+def status_apply_due(wanted: Mapping[str, str], applied: Mapping[str, str], applied_version: str,
+                     cached_version: str, age: float, *, fresh: float = 10.0, lagging: float = 300.0) -> bool:
+    """Should the pod's claim statuses be applied (again)?
+
+    Yes when they differ from what was applied last. The same entries again only once the cache
+    has seen our apply (the cached pod is at or past the version the apply returned) and still
+    lacks them, i.e. someone removed them: while the watch lags behind, an apply again changes
+    nothing but costs a write. (Versions compare as numbers, as etcd's are; any other version falls
+    back to `fresh` seconds. After `lagging` seconds the apply is repeated anyway.)
+    """
+    if dict(wanted) != dict(applied):
+        return True
+    if applied_version.isdigit() and cached_version.isdigit():
+        return int(cached_version) >= int(applied_version) or age > lagging
+    return age > fresh
+
+
 # --- duplicates ---------------------------------------------------------------------------------
 
 def duplicate_claims(pod: dict[str, Any], owned_claims: Sequence[dict[str, Any]]) -> list[str]:
