@@ -354,9 +354,11 @@ def restart_section(state: cluster.LabState, operator: Claimwarden, pods: int, r
     operator.start()
     _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), 600, 0.25)
     steady = time.monotonic() - operator.started
+    cpu = _cpu_seconds(operator.pid)
     time.sleep(5)
     writes = _writes(state)[before:]
-    result.figures.update({"restart -> steady s": steady, "writes after restart": float(len(writes))})
+    result.figures.update({"restart -> steady s": steady, "CPU s (restart)": cpu,
+                           "writes after restart": float(len(writes))})
     if writes:
         result.notes.append("writes after restart: " + ", ".join(
             sorted({f"{w['verb']} {w['objectRef'].get('resource')}" for w in writes})))
