@@ -549,3 +549,13 @@ def test_the_same_apply_again_once_the_cache_has_seen_it_and_still_lacks_the_ent
 def test_versions_that_are_not_numbers_fall_back_to_a_fixed_freshness() -> None:
     assert not plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "abc", "abd", 5.0, fresh=10.0)
     assert plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "abc", "abd", 11.0, fresh=10.0)
+
+
+def test_a_claim_created_again_is_one_the_status_already_names() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"},
+                                       {"name": "nic", "resourceClaimTemplateName": "t2"}]},
+           "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-gone"}]}}
+    assert plan.recreates(pod, plan.PodPlan(create=(plan.CreateClaim("gpu", "t"),)))
+    assert not plan.recreates(pod, plan.PodPlan(create=(plan.CreateClaim("nic", "t2"),)))
+    assert not plan.recreates(pod, plan.PodPlan())

@@ -91,6 +91,10 @@ class ClaimsController:
                     templates[template_name] = template
 
         pod_plan = plan.plan_pod(pod, claims, owned, templates)
+        if plan.recreates(pod, pod_plan):
+            fresh = await self.kube.get_pod(namespace, name)
+            if fresh is None or fresh["metadata"].get("uid") != uid or is_being_deleted(fresh):
+                return  # gone (or going): its DELETED event has not reached the cache yet
         failures: list[str] = []
         recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
         for create in pod_plan.create:

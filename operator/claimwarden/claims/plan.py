@@ -282,6 +282,17 @@ def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
     return entries
 
 
+def recreates(pod: dict[str, Any], pod_plan: PodPlan) -> bool:
+    """True when the plan creates a claim again: the pod's status already names one for that pod claim.
+
+    The named claim is gone. Its pod may be gone too (the garbage collector deletes the claims of a
+    deleted pod, and their DELETED events can overtake the pod's own), so this is decided on a
+    fresh read of the pod, not the cache.
+    """
+    creating = {create.pod_claim_name for create in pod_plan.create}
+    return any(r.claim_name for r in resolve_claim_names(pod) if r.pod_claim_name in creating)
+
+
 def status_apply_due(wanted: Mapping[str, str], applied: Mapping[str, str], applied_version: str,
                      cached_version: str, age: float, *, fresh: float = 10.0, lagging: float = 300.0) -> bool:
     """Should the pod's claim statuses be applied (again)?
