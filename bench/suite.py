@@ -55,6 +55,7 @@ NAMESPACE = "bench"
 SECTIONS = ("claims", "memory", "restart", "release", "evictions")
 HIGH_KCM_QPS = 1000.0  # the garbage collector's budget in every lab, so that it never bounds the release
 RECORDS = 100
+RESTART_LIMIT = 300.0  # seconds a restart may take before the suite stops waiting (and says so)
 UNSATISFIABLE = {"devices": {"requests": [{"name": "gpu", "exactly": {
     "deviceClassName": driver.DEVICE_CLASS,
     "selectors": [{"cel": {"expression": f"device.attributes['{driver.DRIVER}'].model == 'none'"}}]}}]}}
@@ -180,11 +181,15 @@ class Claimwarden:
         self.process = None
 
 
+class Timeout(Exception):
+    pass
+
+
 def _until(what: str, probe: Callable[[], bool], timeout: float, interval: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not probe():
         if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise Timeout(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
 
 
@@ -352,7 +357,11 @@ def restart_section(state: cluster.LabState, operator: Claimwarden, pods: int, r
     before = len(_writes(state))
     say("  restart: claimwarden stopped (SIGTERM); starting it again")
     operator.start()
-    _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), 600, 0.25)
+    try:
+        _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), RESTART_LIMIT, 0.25)
+    except Timeout:
+        result.notes.append(f"not steady {RESTART_LIMIT:.0f} s after the restart; stopped waiting")
+        return
     steady = time.monotonic() - operator.started
     cpu = _cpu_seconds(operator.pid)
     time.sleep(5)
@@ -551,10 +560,14 @@ def main() -> None:
         say(f"claimwarden from {ROOT} at {_describe(ROOT)}" + (f"; baseline {args.baseline} at "
                                                                f"{_describe(args.baseline)}" if args.baseline else ""))
         for qps in args.qps:
-            for name in args.contenders:
-                results.append(run_contender(name, qps, args, Path(tmp)))
-            if args.baseline and qps == max(args.qps) and "baseline" not in args.contenders:
-                results.append(run_contender("baseline", qps, args, Path(tmp)))
+            names = [*args.contenders, *(["baseline"] if args.baseline and qps == max(args.qps)
+                                         and "baseline" not in args.contenders else [])]
+            for name in names:
+                try:
+                    results.append(run_contender(name, qps, args, Path(tmp)))
+                except Timeout as exc:  # one contender's failure is reported; the others still run
+                    say(f"{name} at QPS {qps:g}: {exc}")
+                    results.append(Result(name, qps, notes=[str(exc)]))
     evictions = evictions_section(args.pods, args.nodes) if "evictions" in args.sections else None
     print()
     print(table(results, args, evictions), flush=True)
