@@ -358,7 +358,7 @@ def restart_section(state: cluster.LabState, operator: Claimwarden, pods: int, r
     say("  restart: claimwarden stopped (SIGTERM); starting it again")
     operator.start()
     try:
-        _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), RESTART_LIMIT, 0.25)
+        _until("claimwarden steady after its restart", _safe(_settled(operator, pods, pods)), RESTART_LIMIT, 1.0)
     except Timeout:
         result.notes.append(f"not steady {RESTART_LIMIT:.0f} s after the restart; stopped waiting")
         return
