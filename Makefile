@@ -8,6 +8,7 @@ LAB_DIR ?= $(HOME)/.cache/claimwarden/lab
 LAB_ARGS ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 K8S_VERSION ?= 1.34.4
 MATRIX_VERSIONS := 1.35.4 1.36.3 1.37.2
 # The lifecycle and health core, run on every version by test-matrix (and on 1.37 by test).
@@ -78,8 +79,8 @@ test-matrix: venv bins-matrix prometheus podman ## the full suite on 1.37.2, the
 chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
 	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider tests/chaos
 
-bench: venv bins ## benchmark claim generation against kube-controller-manager's controller, side by side
-	$(BIN)/python bench/claims_vs_upstream.py --pods $(or $(PODS),300)
+bench: venv bins ## claimwarden against kube-controller-manager side by side: claims, memory, restart, release, evictions (PODS=1000 NODES=125; BENCH_ARGS=--baseline /path/to/checkout)
+	$(BIN)/python bench/suite.py --pods $(or $(PODS),1000) --nodes $(or $(NODES),125) $(BENCH_ARGS)
 
 bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU snapshot (no lab needed)
 	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)

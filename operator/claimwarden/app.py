@@ -17,7 +17,15 @@ import kopf
 from kubernetes import client as sync_client
 
 from . import __version__, metrics, projections
-from .cache import Cache
+from .cache import (
+    CLAIM_BY_DEVICE,
+    CLAIM_BY_OWNER,
+    CLAIM_BY_RECORD,
+    POD_BY_CLAIM,
+    POD_BY_TEMPLATE,
+    Cache,
+    index_views,
+)
 from .claims import podgroups
 from .claims.controller import ClaimsController
 from .claims.podgroup_controller import PodGroupsController
@@ -49,8 +57,7 @@ CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
-INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
-               "claims_by_device", "claims_by_record", "templates_by_name")
+INDEX_NAMES = ("pods", "claims", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name")
 PODGROUP_INDEX_NAMES = ("podgroups_by_name", "podgroups_by_template", "claims_by_podgroup", "pods_by_podgroup")
 
@@ -66,6 +73,8 @@ class RunConfig:
     namespace: str = "claimwarden-system"
     workers: int = 8
     request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
+    api_qps: float = 0.0  # Kube's client-side budget (--kube-api-qps); 0 = no limit
+    api_burst: int = 1
     server_version: str = "unknown"
     resync_seconds: float = 300.0
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
@@ -89,55 +98,45 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 
 # --- indices: small projections, keyed for the look-ups the controllers make -------------------
 
+# Each Kopf index costs a handler invocation on every event of its kind, so each kind has one index
+# whose keys are tagged by look-up: (namespace, name) -> the projection, (tag, ...) -> a reverse
+# look-up. `cache.index_views` splits them again into the look-ups `Cache` reads.
+
 @kopf.index(*PODS)
-async def pods_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, name) -> projection; ("claim", namespace, claim name) and ("template", namespace,
+    template name) -> pod name: which pods use this claim or template?"""
     namespace = namespace or ""
-    if not (body.get("spec") or {}).get("resourceClaims"):
+    entries = (body.get("spec") or {}).get("resourceClaims")
+    if not entries:
         return None
-    return {(namespace, name): projections.pod(body)}
-
-
-@kopf.index(*PODS)
-async def pods_by_claim(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    namespace = namespace or ""
-    names = [r.claim_name for r in resolve_claim_names(dict(body)) if r.claim_name]
-    return {(namespace, claim): name for claim in names} or None
-
-
-@kopf.index(*PODS)
-async def pods_by_template(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    namespace = namespace or ""
-    templates = [e["resourceClaimTemplateName"] for e in (body.get("spec") or {}).get("resourceClaims") or []
-                 if e.get("resourceClaimTemplateName")]
-    return {(namespace, template): name for template in templates} or None
+    keys: dict[Any, Any] = {(namespace, name): projections.pod(body)}
+    for resolved in resolve_claim_names(dict(body)):
+        if resolved.claim_name:
+            keys[(POD_BY_CLAIM, namespace, resolved.claim_name)] = name
+    for entry in entries:
+        if entry.get("resourceClaimTemplateName"):
+            keys[(POD_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    return keys
 
 
 @kopf.index(*CLAIMS)
-async def claims_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
+                 **_: Any) -> dict[Any, Any]:
+    """(namespace, name) -> projection; ("owner", namespace, controlling pod UID) -> claim name;
+    ("device", driver, pool, device) -> (namespace, name); ("record", namespace, record label) -> claim name."""
     namespace = namespace or ""
-    return {(namespace, name): projections.claim(body)}
-
-
-@kopf.index(*CLAIMS)
-async def claims_by_owner(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, controlling pod UID) -> claim name: which claims does this pod control?"""
-    namespace = namespace or ""
-    uid = controlling_pod_uid(dict(body))
-    return {(namespace, uid): name} if uid else None
-
-
-@kopf.index(*CLAIMS)
-async def claims_by_device(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(driver, pool, device) -> (namespace, name): which claims hold this device?"""
-    devices = allocated_devices(dict(body))
-    return {device: (namespace or "", name) for device in devices} or None
-
-
-@kopf.index(*CLAIMS)
-async def claims_by_record(namespace: str | None, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, record label) -> claim name: which quarantine claims does this record have?"""
+    plain = dict(body)
+    keys: dict[Any, Any] = {(namespace, name): projections.claim(body)}
+    uid = controlling_pod_uid(plain)
+    if uid:
+        keys[(CLAIM_BY_OWNER, namespace, uid)] = name
+    for device in allocated_devices(plain):
+        keys[(CLAIM_BY_DEVICE, *device)] = (namespace, name)
     label = labels.get(records.RECORD_LABEL)
-    return {(namespace or "", label): name} if label else None
+    if label:
+        keys[(CLAIM_BY_RECORD, namespace, label)] = name
+    return keys
 
 
 @kopf.index(*TEMPLATES)
@@ -328,12 +327,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
-    cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
-                   if name in kwargs})
+    cache = Cache(index_views({name: kwargs[name]
+                               for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
+                               if name in kwargs}))
     identity = CONFIG.election.identity if CONFIG.election else "standalone"
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
                               request_timeout=CONFIG.request_timeout,
-                              user_agent=f"claimwarden/{__version__} ({identity})")
+                              user_agent=f"claimwarden/{__version__} ({identity})",
+                              qps=CONFIG.api_qps, burst=CONFIG.api_burst)
     runtime = Runtime(cache=cache, kube=kube, workers_per_queue=CONFIG.workers, resync_seconds=CONFIG.resync_seconds,
                       kopf_state=memo.kopf_state)
     if "claims" in CONFIG.controllers:

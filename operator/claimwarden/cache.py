@@ -27,6 +27,62 @@ class IndexLike(Protocol):
     def __iter__(self) -> Iterator[Hashable]: ...
 
 
+# Tags of the reverse look-ups in the one index per kind (app.py): ("claim", namespace, claim name) etc.
+POD_BY_CLAIM = "claim"
+POD_BY_TEMPLATE = "template"
+CLAIM_BY_OWNER = "owner"
+CLAIM_BY_DEVICE = "device"
+CLAIM_BY_RECORD = "record"
+
+
+class Primary:
+    """The (namespace, name) -> projection keys of a tagged index (those are the 2-tuples)."""
+
+    def __init__(self, index: IndexLike) -> None:
+        self._index = index
+
+    def __getitem__(self, key: Hashable) -> Iterable[Any]:
+        return self._index[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return (key for key in list(self._index) if isinstance(key, tuple) and len(key) == 2)
+
+
+class Tagged:
+    """One reverse look-up of a tagged index: ``key`` here is ``(tag, *key)`` there."""
+
+    def __init__(self, index: IndexLike, tag: str) -> None:
+        self._index, self._tag = index, tag
+
+    def __getitem__(self, key: Hashable) -> Iterable[Any]:
+        return self._index[self._full(key)]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and self._full(key) in self._index
+
+    def __iter__(self) -> Iterator[Hashable]:
+        """Every key of the look-up: a walk over the whole index (only resyncs iterate)."""
+        return (key[1:] for key in list(self._index)
+                if isinstance(key, tuple) and len(key) > 2 and key[0] == self._tag)
+
+    def _full(self, key: Hashable) -> tuple[Any, ...]:
+        return (self._tag, *key) if isinstance(key, tuple) else (self._tag, key)
+
+
+def index_views(indices: Mapping[str, IndexLike]) -> dict[str, IndexLike]:
+    """The look-ups `Cache` reads, from app.py's one index per kind (``pods``, ``claims``) and the others."""
+    views = {name: index for name, index in indices.items() if name not in ("pods", "claims")}
+    pods, claims = indices["pods"], indices["claims"]
+    views.update(pods_by_name=Primary(pods), pods_by_claim=Tagged(pods, POD_BY_CLAIM),
+                 pods_by_template=Tagged(pods, POD_BY_TEMPLATE), claims_by_name=Primary(claims),
+                 claims_by_owner=Tagged(claims, CLAIM_BY_OWNER), claims_by_device=Tagged(claims, CLAIM_BY_DEVICE),
+                 claims_by_record=Tagged(claims, CLAIM_BY_RECORD))
+    return views
+
+
 def _newest(values: Iterable[Body]) -> Body | None:
     """The most recently created of several objects sharing one name (see the module docstring)."""
     best: Body | None = None

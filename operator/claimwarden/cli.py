@@ -71,6 +71,28 @@ def _qps(text: str) -> float:
     return value
 
 
+def _api_qps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate of API requests per second (0 means no limit)")
+    return value
+
+
+def _burst(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of requests (1 or more)")
+    return int(text)
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers from 1 to 256")
+    return int(text)
+
+
 def _lab_cli() -> ModuleType | None:
     """The lab's command line, when the claimwarden-lab distribution is installed (never in the image)."""
     try:
@@ -99,6 +121,14 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                           "down (default: %(default)s)")
     run.add_argument("--request-timeout", type=float, default=30.0,
                      help="seconds one API request (write or point read) may take in all (default: %(default)s)")
+    run.add_argument("--kube-api-qps", type=_api_qps, default=0.0, metavar="QPS",
+                     help="client-side limit on claimwarden's own API requests (writes, point reads, the lease; "
+                          "not its watches), as kube-controller-manager's flag of that name; 0 means no limit "
+                          "(default: %(default)s)")
+    run.add_argument("--kube-api-burst", type=_burst, default=None, metavar="N",
+                     help="requests that may go out at once under --kube-api-qps (default: twice the QPS)")
+    run.add_argument("--workers", type=_workers, default=8,
+                     help="concurrent workers per controller queue (default: %(default)s)")
     run.add_argument("--leader-elect", type=_boolean, default=True, metavar="true|false",
                      help="elect a leader through a Lease in --namespace, so that several replicas can run; "
                           "false runs the controllers at once, alone (default: true)")
@@ -158,6 +188,9 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.namespace = args.namespace
     app.CONFIG.resync_seconds = args.resync_period
     app.CONFIG.request_timeout = args.request_timeout
+    app.CONFIG.api_qps = args.kube_api_qps
+    app.CONFIG.api_burst = args.kube_api_burst or max(1, round(2 * args.kube_api_qps))
+    app.CONFIG.workers = args.workers
     if args.leader_elect:
         from .leader.elector import ElectionSettings, default_identity
 
@@ -203,6 +236,9 @@ def _run(args: argparse.Namespace) -> int:
     from .leader.elector import default_identity
 
     identity = Identity(app.CONFIG.election.identity if app.CONFIG.election else default_identity())
+    from . import kopf_toggles
+
+    kopf_toggles.install()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
              memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state), identity=identity)
     return 0

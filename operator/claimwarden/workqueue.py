@@ -45,6 +45,7 @@ class WorkQueue:
         self._closed = False
         self._depth = metrics.WORKQUEUE_DEPTH.labels(name)
         self._adds = metrics.WORKQUEUE_ADDS.labels(name)
+        self._in_flight = metrics.WORKQUEUE_IN_FLIGHT.labels(name)
 
     def add(self, key: Hashable) -> None:
         if key in self._dirty:
@@ -103,12 +104,14 @@ class WorkQueue:
         self._processing.add(key)
         self._dirty.discard(key)
         self._depth.set(self._queue.qsize())
+        self._in_flight.set(len(self._processing))
         return key
 
     def done(self, key: Hashable) -> None:
         if key not in self._processing:  # a second done() must not queue the key again
             return
         self._processing.discard(key)
+        self._in_flight.set(len(self._processing))
         if key in self._dirty:
             self._queue.put_nowait(key)
             self._depth.set(self._queue.qsize())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from claimwarden.cache import Cache
+from claimwarden.cache import Cache, index_views
 from claimwarden.staleness import is_confirmed_gone, missing_from
 
 from .claim_fixtures import pod_owner_reference
@@ -71,3 +72,47 @@ def test_record_claims_are_only_those_in_the_given_namespace() -> None:
                  claims_by_record=FakeIndex({("claimwarden-system", "rec"): ["q-1"], ("ns", "rec"): ["mine"]}))
     assert view.claims_labelled_for_record("claimwarden-system") == {"rec": [own]}
     assert view.claims_for_record("claimwarden-system", "rec") == [own]
+
+
+# --- one Kopf index per kind (app.py), split again into the look-ups -----------------------------
+
+def _indexed(*results: dict[Any, Any] | None) -> FakeIndex:
+    """What Kopf's index holds after the index function returned `results` for several objects."""
+    index = FakeIndex()
+    for result in results:
+        for key, value in (result or {}).items():
+            index.setdefault(key, []).append(value)
+    return index
+
+
+def test_one_index_per_kind_answers_every_look_up_the_cache_makes() -> None:
+    from claimwarden import app
+
+    pod = {"apiVersion": "v1", "kind": "Pod", **obj("p", "pod-uid"),
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"},
+                                       {"name": "shared", "resourceClaimName": "s"}]},
+           "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}}
+    plain_pod = {**obj("q", "q-uid"), "spec": {"containers": []}}
+    generated = {**obj("p-gpu-x", "c-uid", ownerReferences=[pod_owner_reference("pod-uid")]),
+                 "status": {"allocation": {"devices": {"results": [
+                     {"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}}}
+    quarantine = obj("q-1", "q1-uid", namespace="claimwarden-system", labels={"claimwarden.io/record": "rec"})
+    pods = _indexed(*(asyncio.run(app.pods(namespace="ns", name=p["metadata"]["name"], body=p))
+                      for p in (pod, plain_pod)))
+    claims = _indexed(*(asyncio.run(app.claims(namespace=c["metadata"]["namespace"], name=c["metadata"]["name"],
+                                               body=c, labels=c["metadata"].get("labels") or {}))
+                        for c in (generated, quarantine)))
+    view = Cache(index_views({"pods": pods, "claims": claims, "templates_by_name": FakeIndex()}))
+
+    assert view.pod_keys() == [("ns", "p")]  # no projection for a pod without claims, no tagged keys
+    assert view.pod("ns", "p")["metadata"]["uid"] == "pod-uid"
+    assert view.pods_using_claim("ns", "p-gpu-x") == ["p"] and view.pods_using_claim("ns", "s") == ["p"]
+    assert view.pods_using_template("ns", "t") == ["p"] and view.pods_using_template("other", "t") == []
+    assert sorted(view.claim_keys()) == [("claimwarden-system", "q-1"), ("ns", "p-gpu-x")]
+    assert [c["metadata"]["name"] for c in view.claims_owned_by("ns", "pod-uid")] == ["p-gpu-x"]
+    assert [c["metadata"]["name"] for c in view.claims_holding(("gpu.example.com", "node-1", "gpu-0"))] == ["p-gpu-x"]
+    assert view.claims_holding(("gpu.example.com", "node-1", "gpu-1")) == []
+    assert list(view.claims_labelled_for_record("claimwarden-system")) == ["rec"]
+    assert [c["metadata"]["name"] for c in view.claims_for_record("claimwarden-system", "rec")] == ["q-1"]
+    assert sorted(o["metadata"]["name"] for o in view.indexed()["resourceclaims"]) == ["p-gpu-x", "q-1"]
+    assert [o["metadata"]["name"] for o in view.indexed()["pods"]] == ["p"]

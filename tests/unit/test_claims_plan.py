@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from claimwarden.claims import plan
 from claimwarden.claims.plan import (
     ClaimProblem,
     CreateClaim,
@@ -524,3 +525,37 @@ def test_status_entries_leave_out_claims_by_name_and_unknown_ones() -> None:
     pod = make_pod([user_entry("shared", "big-claim"), template_entry("a", "ta"), template_entry("b", "tb")],
                    [{"name": "b"}])
     assert claim_status_entries(pod, {}, {}) == []
+
+
+# --- when the pod's claim statuses are applied again ----------------------------------------------
+
+def test_status_apply_is_due_when_the_entries_differ_from_the_last_apply() -> None:
+    assert plan.status_apply_due({"gpu": "c-1"}, {}, "", "", 0.0)
+    assert plan.status_apply_due({"gpu": "c-2"}, {"gpu": "c-1"}, "100", "50", 0.0)
+
+
+def test_the_same_apply_waits_while_the_cache_lags_behind_it() -> None:
+    # The apply returned version 120; the cache still shows 110 (the watch lags, e.g. under load).
+    assert not plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "120", "110", 60.0)
+    # Past the lagging limit it is applied again anyway.
+    assert plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "120", "110", 301.0)
+
+
+def test_the_same_apply_again_once_the_cache_has_seen_it_and_still_lacks_the_entries() -> None:
+    assert plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "120", "120", 0.5)
+    assert plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "120", "135", 0.5)
+
+
+def test_versions_that_are_not_numbers_fall_back_to_a_fixed_freshness() -> None:
+    assert not plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "abc", "abd", 5.0, fresh=10.0)
+    assert plan.status_apply_due({"gpu": "c-1"}, {"gpu": "c-1"}, "abc", "abd", 11.0, fresh=10.0)
+
+
+def test_a_claim_created_again_is_one_the_status_already_names() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"},
+                                       {"name": "nic", "resourceClaimTemplateName": "t2"}]},
+           "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-gone"}]}}
+    assert plan.recreates(pod, plan.PodPlan(create=(plan.CreateClaim("gpu", "t"),)))
+    assert not plan.recreates(pod, plan.PodPlan(create=(plan.CreateClaim("nic", "t2"),)))
+    assert not plan.recreates(pod, plan.PodPlan())

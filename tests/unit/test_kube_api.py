@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.aio import client as aio
 
-from claimwarden.kube.api import Kube, refresh_due
+from claimwarden.kube.api import Kube, TokenBucket, refresh_due
 from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable
 from claimwarden.workqueue import WorkQueue, run_workers
 
@@ -118,3 +118,48 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# --- the client-side budget (--kube-api-qps / --kube-api-burst) ---------------------------------
+
+def test_a_burst_goes_out_at_once_then_one_request_per_interval() -> None:
+    bucket = TokenBucket(qps=10, burst=3, now=100.0)
+    waits = [bucket.reserve(100.0) for _ in range(6)]
+    assert waits == pytest.approx([0.0, 0.0, 0.0, 0.1, 0.2, 0.3])
+
+
+def test_tokens_refill_with_time_but_never_beyond_the_burst() -> None:
+    bucket = TokenBucket(qps=2, burst=2, now=0.0)
+    assert [bucket.reserve(0.0), bucket.reserve(0.0)] == [0.0, 0.0]
+    assert bucket.reserve(0.5) == 0.0  # one token back after half a second
+    assert bucket.reserve(0.5) == pytest.approx(0.5)
+    # A long quiet spell refills only up to the burst: the debt of 1 is repaid, then 2 tokens.
+    assert [bucket.reserve(100.0), bucket.reserve(100.0)] == [0.0, 0.0]
+    assert bucket.reserve(100.0) == pytest.approx(0.5)
+
+
+def test_no_qps_means_no_limit() -> None:
+    bucket = TokenBucket(qps=0, burst=1, now=0.0)
+    assert {bucket.reserve(0.0) for _ in range(1000)} == {0.0}
+
+
+def test_requests_of_a_limited_client_are_spaced_by_the_budget() -> None:
+    """Kube waits on its bucket before sending: 6 requests at 20 QPS with burst 2 take about 0.2 s."""
+    sent: list[float] = []
+
+    async def scenario() -> None:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), qps=20, burst=2)
+
+        async def record(*_: object) -> dict[str, str]:
+            sent.append(time.monotonic())
+            return {}
+
+        kube._send = record  # type: ignore[method-assign]
+        started = time.monotonic()
+        await asyncio.gather(*(kube.request("GET", "/api") for _ in range(6)))
+        sent[:] = [t - started for t in sent]
+        await kube.close()
+
+    asyncio.run(scenario())
+    assert len(sent) == 6
+    assert sent[1] < 0.05 and sent[-1] == pytest.approx(0.2, abs=0.08)

@@ -51,8 +51,9 @@ class ClaimsController:
         self.queue = WorkQueue(NAME)
         # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
         self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
-        # pod UID -> (when, pod claim name -> claim name): the entries last applied to the pod's status.
-        self._applied: dict[str, tuple[float, dict[str, str]]] = {}
+        # pod UID -> (when, pod claim name -> claim name, the pod's resourceVersion after the apply):
+        # the entries last applied to the pod's status.
+        self._applied: dict[str, tuple[float, dict[str, str], str]] = {}
 
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
@@ -66,7 +67,7 @@ class ClaimsController:
         recent.pop(claim["metadata"]["name"], None)
         if not recent:
             self._recent.pop(uid, None)
-        _, applied = self._applied.get(uid, (0.0, {}))
+        _, applied, _ = self._applied.get(uid, (0.0, {}, ""))
         for pod_claim, claim_name in list(applied.items()):
             if claim_name == claim["metadata"]["name"]:
                 del applied[pod_claim]
@@ -97,6 +98,10 @@ class ClaimsController:
                     templates[template_name] = template
 
         pod_plan = plan.plan_pod(pod, claims, owned, templates, group=await self._group_view(pod))
+        if plan.recreates(pod, pod_plan):
+            fresh = await self.kube.get_pod(namespace, name)
+            if fresh is None or fresh["metadata"].get("uid") != uid or is_being_deleted(fresh):
+                return  # gone (or going): its DELETED event has not reached the cache yet
         failures: list[str] = []
         recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
         for create in pod_plan.create:
@@ -108,13 +113,13 @@ class ClaimsController:
                 continue
             recorded[create.pod_claim_name] = created["metadata"]["name"]
         if recorded:
-            applied_at, applied = self._applied.get(uid, (0.0, {}))
+            applied_at, applied, version = self._applied.get(uid, (0.0, {}, ""))
             entries = plan.claim_status_entries(pod, recorded, applied)
             wanted = {e["name"]: e["resourceClaimName"] for e in entries}
-            # The same apply a moment ago: the cache has not shown it yet, writing it again changes nothing.
-            if wanted != applied or time.monotonic() - applied_at > APPLIED_FRESH:
-                await self.kube.apply_pod_claim_statuses(namespace, name, entries)
-                self._applied[uid] = (time.monotonic(), wanted)
+            if plan.status_apply_due(wanted, applied, version, str(pod["metadata"].get("resourceVersion") or ""),
+                                     time.monotonic() - applied_at, fresh=APPLIED_FRESH):
+                result = await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+                self._applied[uid] = (time.monotonic(), wanted, str(result["metadata"].get("resourceVersion") or ""))
                 log.info("pod %s/%s: recorded claims %s", namespace, name,
                          ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
         failures += [f"PodResourceClaim {p.pod_claim_name}: {p.message}" for p in pod_plan.problems]

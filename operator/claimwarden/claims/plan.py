@@ -370,6 +370,34 @@ def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
     return entries
 
 
+def recreates(pod: dict[str, Any], pod_plan: PodPlan) -> bool:
+    """True when the plan creates a claim again: the pod's status already names one for that pod claim.
+
+    The named claim is gone. Its pod may be gone too (the garbage collector deletes the claims of a
+    deleted pod, and their DELETED events can overtake the pod's own), so this is decided on a
+    fresh read of the pod, not the cache.
+    """
+    creating = {create.pod_claim_name for create in pod_plan.create}
+    return any(r.claim_name for r in resolve_claim_names(pod) if r.pod_claim_name in creating)
+
+
+def status_apply_due(wanted: Mapping[str, str], applied: Mapping[str, str], applied_version: str,
+                     cached_version: str, age: float, *, fresh: float = 10.0, lagging: float = 300.0) -> bool:
+    """Should the pod's claim statuses be applied (again)?
+
+    Yes when they differ from what was applied last. The same entries again only once the cache
+    has seen our apply (the cached pod is at or past the version the apply returned) and still
+    lacks them, i.e. someone removed them: while the watch lags behind, an apply again changes
+    nothing but costs a write. (Versions compare as numbers, as etcd's are; any other version falls
+    back to `fresh` seconds. After `lagging` seconds the apply is repeated anyway.)
+    """
+    if dict(wanted) != dict(applied):
+        return True
+    if applied_version.isdigit() and cached_version.isdigit():
+        return int(cached_version) >= int(applied_version) or age > lagging
+    return age > fresh
+
+
 # --- duplicates ---------------------------------------------------------------------------------
 
 def duplicate_claims(pod: dict[str, Any], owned_claims: Sequence[dict[str, Any]]) -> list[str]:
