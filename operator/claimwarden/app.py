@@ -30,8 +30,9 @@ from .podclaims import (
     claim_source,
     controlling_pod_ref,
     controlling_pod_uid,
+    has_claims,
     is_allocated,
-    resolve_claim_names,
+    pod_claim_names,
 )
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
@@ -88,7 +89,7 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 @kopf.index(*PODS)
 async def pods_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     namespace = namespace or ""
-    if not (body.get("spec") or {}).get("resourceClaims"):
+    if not has_claims(dict(body)):
         return None
     return {(namespace, name): projections.pod(body)}
 
@@ -96,8 +97,7 @@ async def pods_by_name(namespace: str | None, name: str, body: kopf.Body, **_: A
 @kopf.index(*PODS)
 async def pods_by_claim(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     namespace = namespace or ""
-    names = [r.claim_name for r in resolve_claim_names(dict(body)) if r.claim_name]
-    return {(namespace, claim): name for claim in names} or None
+    return {(namespace, claim): name for claim in pod_claim_names(dict(body))} or None
 
 
 @kopf.index(*PODS)
@@ -163,18 +163,17 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
                     **_: Any) -> None:
     namespace = namespace or ""
     runtime = _leading(memo)
-    if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
+    if runtime is None or not has_claims(dict(body)):
         return
-    if runtime.claims:
+    if runtime.claims and (body.get("spec") or {}).get("resourceClaims"):
         if type == "DELETED":
             runtime.claims.forget_pod(body.get("metadata", {}).get("uid", ""))
         runtime.claims.enqueue_pod(namespace, name)
     if runtime.health:
         runtime.health.enqueue_for_pod(namespace, dict(body))
     if runtime.reservations:
-        for resolved in resolve_claim_names(dict(body)):
-            if resolved.claim_name:
-                runtime.reservations.enqueue_claim(namespace, resolved.claim_name)
+        for claim_name in pod_claim_names(dict(body)):
+            runtime.reservations.enqueue_claim(namespace, claim_name)
         for claim in runtime.cache.claims_owned_by(namespace, body.get("metadata", {}).get("uid", "")):
             runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 

@@ -23,7 +23,7 @@ def _meta(body: Mapping[str, Any], *extra: str) -> Body:
 def pod(body: Mapping[str, Any]) -> Body:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    return {
+    projected: Body = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": _meta(body),
         "spec": {"nodeName": spec.get("nodeName"),
@@ -31,6 +31,10 @@ def pod(body: Mapping[str, Any]) -> Body:
         "status": {"phase": status.get("phase"),
                    "resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])},
     }
+    extended = status.get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):  # the request mappings are the kubelet's business
+        projected["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": extended["resourceClaimName"]}
+    return projected
 
 
 def claim(body: Mapping[str, Any]) -> Body:
