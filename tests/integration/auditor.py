@@ -331,12 +331,32 @@ def _items(api: client.ApiClient, path: str, kind: str) -> list[Object]:
     return list(items)
 
 
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+
+
+def taint_rule_version(api: client.ApiClient) -> str | None:
+    """The first version under which the lab serves DeviceTaintRule (v1 on 1.37, v1alpha3 with
+    runtime-config on 1.34/1.35, ...), or None."""
+    for version in TAINT_RULE_VERSIONS:
+        try:
+            resources = _get(api, f"/apis/resource.k8s.io/{version}").get("resources") or []
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        if any(r.get("name") == "devicetaintrules" for r in resources):
+            return version
+    return None
+
+
 def read_objects(api: client.ApiClient) -> Objects:
+    version = taint_rule_version(api)
     return Objects(
         claims=_items(api, "/apis/resource.k8s.io/v1/resourceclaims", "ResourceClaim"),
         records=_items(api, "/apis/claimwarden.io/v1alpha1/unhealthydevices", "UnhealthyDevice"),
         slices=_items(api, "/apis/resource.k8s.io/v1/resourceslices", "ResourceSlice"),
-        taint_rules=_items(api, "/apis/resource.k8s.io/v1alpha3/devicetaintrules", "DeviceTaintRule"),
+        taint_rules=_items(api, f"/apis/resource.k8s.io/{version}/devicetaintrules", "DeviceTaintRule")
+        if version else [],
         pods=_items(api, "/api/v1/pods", "Pod"))
 
 
