@@ -13,6 +13,7 @@ The labs are always 1.37, whatever $CLAIMWARDEN_KUBERNETES says: without its bin
 
 from __future__ import annotations
 
+import datetime
 import ssl
 import time
 import urllib.request
@@ -96,9 +97,13 @@ def raw_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any
 
 
 def running(api: client.ApiClient, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
-    return wait_for(f"pod {namespace}/{name} Running", lambda: (
-        pod if (pod := raw_pod(api, namespace, name)) and (pod.get("status") or {}).get("phase") == "Running"
-        else None), timeout)
+    try:
+        return wait_for(f"pod {namespace}/{name} Running", lambda: (
+            pod if (pod := raw_pod(api, namespace, name)) and (pod.get("status") or {}).get("phase") == "Running"
+            else None), timeout)
+    except AssertionError as exc:
+        status = (raw_pod(api, namespace, name) or {}).get("status") or {}
+        raise AssertionError(f"{exc}; its conditions: {status.get('conditions')}") from None
 
 
 def extended_claim_of(api: client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
@@ -302,7 +307,12 @@ def allocate(resource: client.ResourceV1Api, namespace: str, name: str, device: 
     result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
     if tolerations:
         result["tolerations"] = tolerations
+    # With binding conditions (on by default in 1.37) the scheduler stamps an allocation that has no
+    # allocationTimestamp when it reserves the claim, which the apiserver refuses (an allocation is
+    # immutable): an allocator must set it.
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     resource.patch_namespaced_resource_claim_status(name, namespace, {"status": {"allocation": {
+        "allocationTimestamp": stamp,
         "devices": {"results": [result]},
         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}})

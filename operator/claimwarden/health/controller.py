@@ -260,8 +260,10 @@ class HealthController:
                 await self._note_breaker(self.decision(driver), None)
             claims = self.quarantine.claims_of(name)
             # Freeing a device is destructive: confirm the record is really gone first.
-            if claims and await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
-                await self.quarantine.release(claims)
+            if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
+                if claims:
+                    await self.quarantine.release(claims)
+                await self.quarantine.drop_taint_rule(name)
             return
         moment = now()
         if records.is_expired(record, moment):
