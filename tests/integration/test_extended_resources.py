@@ -1,4 +1,4 @@
-"""Extended resources backed by DRA (KEP-5004) and device taints on Kubernetes 1.37, where
+"""Extended resources backed by DRA (KEP-5004) and device taints on Kubernetes 1.37 (and 1.36), where
 DRAExtendedResource is GA, DeviceTaintRule is served at resource.k8s.io/v1 and upstream's
 device-taint-eviction controller runs by default.
 
@@ -8,7 +8,8 @@ the scheduler creates one special claim for the pod and names it in
 replaces kube-controller-manager's resourceclaim controller (the lab's default), and must then match
 what that controller does (`upstream_claims=True`).
 
-The labs are always 1.37, whatever $CLAIMWARDEN_KUBERNETES says: without its binaries these tests fail.
+The labs are always 1.37 (one test 1.36, where DRAExtendedResource is beta and on by default),
+whatever $CLAIMWARDEN_KUBERNETES says: without their binaries these tests fail.
 """
 
 from __future__ import annotations
@@ -154,10 +155,14 @@ def lifecycle(api: client.ApiClient, namespace: str) -> dict[str, Any]:
 
     # The kubelet's part (kwok plays it): the pod finishes. Its claim is released and deleted while
     # the pod object stays, and the devices go to the waiting pod.
+    finished = time.monotonic()
     core.patch_namespaced_pod_status("first", namespace, {"status": {"phase": "Succeeded"}})
-    wait_for("the finished pod's claim deleted", lambda: gone(api, namespace, meta["name"]), 60)
+    wait_for("the finished pod's claim deleted", lambda: gone(api, namespace, meta["name"]), 60, 0.1)
+    released = time.monotonic() - finished
     seen["finished pod kept"] = raw_pod(api, namespace, "first") is not None
     running(api, namespace, "second")
+    print(f"{namespace}: claim deleted {released:.2f} s after its pod Succeeded, the waiting pod Running after "
+          f"{time.monotonic() - finished:.2f} s")
     second_claim = extended_claim_of(api, namespace, "second")
     seen["second devices"] = devices_of(second_claim)
 
@@ -195,6 +200,28 @@ def test_extended_resource_claims_are_released_and_deleted_as_upstream_does(
         finally:
             api.close()
     assert ours == theirs
+
+
+def test_on_1_36_too_where_extended_resources_are_beta_and_on_by_default(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    seen = {}
+    for kind, options in (("claimwarden", {}), ("upstream", {"upstream_claims": True})):
+        with extra_lab(tmp_path_factory, kubernetes="1.36", nodes=1, gpus_per_node=GPUS, **options) as lab:
+            operator = None
+            if kind == "claimwarden":
+                operator = Operator(service_account_kubeconfig(lab), tmp_path_factory.mktemp("ext136") / "cw.log")
+                operator.start()
+            api = config.new_client_from_config(config_file=str(lab.kubeconfig))
+            try:
+                client.ResourceV1Api(api).create_device_class(body=extended_class())
+                seen[kind] = lifecycle(api, f"extended-{kind}")
+            finally:
+                api.close()
+                if operator is not None:
+                    assert operator.stop() == 0
+    assert seen["claimwarden"] == seen["upstream"]
+    assert seen["claimwarden"]["claim"]["annotations"] == {EXTENDED_ANNOTATION: "true"}
+    assert seen["claimwarden"]["second waits"] and seen["claimwarden"]["finished pod kept"]
 
 
 # --- evictions: a pod of each kind, upstream's eviction controller running --------------------------
