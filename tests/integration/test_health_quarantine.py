@@ -16,6 +16,7 @@ from kubernetes import client, config
 
 from claimwarden_lab.cluster import LabState
 
+from .auditor import taint_rule_version
 from .conftest import extra_lab, service_account_kubeconfig
 from .health_helpers import device_of, holders, mark, unmark, wait_gone
 from .helpers import pod_with_claims, template, wait_for
@@ -53,8 +54,9 @@ def _users(api: client.ApiClient, pool: str, device: str) -> list[str]:
 
 
 def _taint_rules(api: client.ApiClient) -> list[dict[str, Any]]:
-    listing = client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1alpha3",
-                                                                      "devicetaintrules")
+    version = taint_rule_version(api)
+    assert version, "the lab serves no DeviceTaintRule"
+    listing = client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", version, "devicetaintrules")
     return list(listing["items"])
 
 
@@ -68,7 +70,7 @@ def test_marked_devices_are_never_given_out_until_cleared(small_lab: LabState,
     log = tmp_path_factory.mktemp("quarantine") / "claimwarden.log"
     operator = Operator(service_account_kubeconfig(small_lab), log)
     operator.start()
-    taint_rules = bool(small_lab.options.get("runtime_config"))
+    taint_rules = taint_rule_version(api) is not None  # runtime-config on 1.34-1.36, by default on 1.37
     try:
         # A device marked before anyone uses it.
         mark(api, "kwok-node-0", "gpu-2", "marked while free")
@@ -125,7 +127,8 @@ def test_a_taint_rule_without_a_selector_is_counted_for_the_alert(small_lab: Lab
     operator.start()
     gauge = "\nclaimwarden_device_taint_rules_unselective "
     try:
-        if not small_lab.options.get("runtime_config"):
+        version = taint_rule_version(api)
+        if version is None:
             time.sleep(2)
             assert gauge not in operator.metrics(), "no DeviceTaintRule API, no series"
             return
@@ -133,14 +136,14 @@ def test_a_taint_rule_without_a_selector_is_counted_for_the_alert(small_lab: Lab
         rules = client.CustomObjectsApi(api)
         for name, spec in (("no-selector", {}), ("empty-selector", {"deviceSelector": {}}),
                            ("one-driver", {"deviceSelector": {"driver": "gpu.example.com"}})):
-            rules.create_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", {
-                "apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceTaintRule", "metadata": {"name": name},
+            rules.create_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", {
+                "apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule", "metadata": {"name": name},
                 "spec": {**spec, "taint": {"key": "example.com/broken", "effect": "NoSchedule"}}})
         try:
             wait_for("the gauge at 2", lambda: f"{gauge}2.0" in operator.metrics(), 40)
         finally:
             for name in ("no-selector", "empty-selector", "one-driver"):
-                rules.delete_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", name)
+                rules.delete_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", name)
         wait_for("the gauge back at 0", lambda: f"{gauge}0.0" in operator.metrics(), 40)
     finally:
         assert operator.stop() in (None, 0)
