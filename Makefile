@@ -11,11 +11,12 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 K8S_VERSION ?= 1.34.4
 MATRIX_VERSIONS := 1.35.4 1.36.3 1.37.2
-# The lifecycle and health core, run on every version by test-matrix (and on 1.37 by test).
+# The lifecycle and health core, run on every version by test-matrix (and on 1.37 by test). Files that start
+# labs of the versions they are about (test_podgroups, test_extended_resources, test_health_tolerations) are not here.
 CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_lifecycle.py \
 	tests/integration/test_claims_real_paths.py tests/integration/test_claims_walkthrough.py \
 	tests/integration/test_claims_sharing_limit.py tests/integration/test_health_eviction.py \
-	tests/integration/test_health_quarantine.py tests/integration/test_health_tolerations.py \
+	tests/integration/test_health_quarantine.py \
 	tests/integration/test_health_real_paths.py tests/integration/test_relist.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)

@@ -40,8 +40,9 @@ from .podclaims import (
     claim_source,
     controlling_pod_ref,
     controlling_pod_uid,
+    has_claims,
     is_allocated,
-    resolve_claim_names,
+    pod_claim_names,
 )
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit
@@ -107,14 +108,12 @@ async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> d
     """(namespace, name) -> projection; ("claim", namespace, claim name) and ("template", namespace,
     template name) -> pod name: which pods use this claim or template?"""
     namespace = namespace or ""
-    entries = (body.get("spec") or {}).get("resourceClaims")
-    if not entries:
+    if not has_claims(dict(body)):
         return None
     keys: dict[Any, Any] = {(namespace, name): projections.pod(body)}
-    for resolved in resolve_claim_names(dict(body)):
-        if resolved.claim_name:
-            keys[(POD_BY_CLAIM, namespace, resolved.claim_name)] = name
-    for entry in entries:
+    for claim_name in pod_claim_names(dict(body)):
+        keys[(POD_BY_CLAIM, namespace, claim_name)] = name
+    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
         if entry.get("resourceClaimTemplateName"):
             keys[(POD_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
     return keys
@@ -166,18 +165,17 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
                     **_: Any) -> None:
     namespace = namespace or ""
     runtime = _leading(memo)
-    if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
+    if runtime is None or not has_claims(dict(body)):
         return
-    if runtime.claims:
+    if runtime.claims and (body.get("spec") or {}).get("resourceClaims"):
         if type == "DELETED":
             runtime.claims.forget_pod(body.get("metadata", {}).get("uid", ""))
         runtime.claims.enqueue_pod(namespace, name)
     if runtime.health:
         runtime.health.enqueue_for_pod(namespace, dict(body))
     if runtime.reservations:
-        for resolved in resolve_claim_names(dict(body)):
-            if resolved.claim_name:
-                runtime.reservations.enqueue_claim(namespace, resolved.claim_name)
+        for claim_name in pod_claim_names(dict(body)):
+            runtime.reservations.enqueue_claim(namespace, claim_name)
         for claim in runtime.cache.claims_owned_by(namespace, body.get("metadata", {}).get("uid", "")):
             runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 

@@ -98,6 +98,34 @@ class ResolvedClaim:
     needed: bool
 
 
+def extended_resource_claim_name(pod: dict[str, Any]) -> str | None:
+    """The claim the scheduler made for the pod's DRA-backed extended resources, or None.
+
+    Kubernetes 1.36+ (`DRAExtendedResource`): a pod asking for an extended resource that a
+    DeviceClass maps (`spec.extendedResourceName`) gets one special claim, created by the scheduler
+    in PreBind, controlled by the pod, annotated `resource.kubernetes.io/extended-resource-claim:
+    "true"`, and named in `status.extendedResourceClaimStatus.resourceClaimName`. It is not in
+    `spec.resourceClaims`.
+    """
+    name = (status(pod).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    return str(name) if name else None
+
+
+def has_claims(pod: dict[str, Any] | None) -> bool:
+    """True when the pod uses ResourceClaims: in `spec.resourceClaims` or an extended-resource claim."""
+    return bool(spec(pod).get("resourceClaims")) or extended_resource_claim_name(pod or {}) is not None
+
+
+def pod_claim_names(pod: dict[str, Any]) -> list[str]:
+    """Every claim the pod uses that is known by name: resolved `spec.resourceClaims` entries, then
+    the extended-resource claim (upstream's `resourceclaim.PodClaims`)."""
+    names = [r.claim_name for r in resolve_claim_names(pod) if r.claim_name]
+    extended = extended_resource_claim_name(pod)
+    if extended and extended not in names:
+        names.append(extended)
+    return names
+
+
 def claim_statuses(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The pod's status.resourceClaimStatuses keyed by pod claim name."""
     entries = status(pod).get("resourceClaimStatuses") or []
@@ -147,6 +175,17 @@ def controlling_pod_uid(claim: dict[str, Any]) -> str | None:
 def is_controlled_by_pod(claim: dict[str, Any], uid: str) -> bool:
     """True when the claim's controlling owner is the pod with this UID."""
     return bool(uid) and controlling_pod_uid(claim) == uid
+
+
+def is_extended_resource_claim(claim: dict[str, Any]) -> bool:
+    """True for a claim the scheduler made for a pod's extended resources (by its annotation)."""
+    return (metadata(claim).get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true"
+
+
+def is_generated_claim(claim: dict[str, Any]) -> bool:
+    """True for a claim made for one pod by a controller: from a template (the pod-claim-name
+    annotation) or by the scheduler for extended resources. Only these are deleted when their pod is done."""
+    return bool(pod_claim_name_of(claim)) or is_extended_resource_claim(claim)
 
 
 def pod_claim_name_of(claim: dict[str, Any]) -> str:

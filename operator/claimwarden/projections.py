@@ -24,7 +24,7 @@ def pod(body: Mapping[str, Any]) -> Body:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     group = {"schedulingGroup": copy.deepcopy(spec["schedulingGroup"])} if spec.get("schedulingGroup") else {}
-    return {
+    projected: Body = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": _meta(body),
         "spec": {"nodeName": spec.get("nodeName"),
@@ -32,6 +32,10 @@ def pod(body: Mapping[str, Any]) -> Body:
         "status": {"phase": status.get("phase"),
                    "resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])},
     }
+    extended = status.get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):  # the request mappings are the kubelet's business
+        projected["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": extended["resourceClaimName"]}
+    return projected
 
 
 def claim(body: Mapping[str, Any]) -> Body:

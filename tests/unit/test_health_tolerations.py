@@ -147,27 +147,51 @@ def test_claim_eviction_time_none_when_tolerated_forever() -> None:
     assert claim_eviction_time(claim, REF, TAINT, ADDED) is None
 
 
-def test_claim_eviction_time_prefers_the_results_copy_over_the_spec() -> None:
-    copied = result()
-    copied["tolerations"] = []
+def _claim_whose_request_tolerates(copied: dict[str, Any]) -> dict[str, Any]:
     claim = claim_with(copied)
     claim["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
         "deviceClassName": "gpu", "tolerations": [tol(operator="Exists")]}}]}}
-    assert claim_eviction_time(claim, REF, TAINT, ADDED) == ADDED
-    del copied["tolerations"]  # no copy (Kubernetes 1.34): the request's toleration applies
-    assert claim_eviction_time(claim, REF, TAINT, ADDED) is None
+    return claim
+
+
+def test_on_a_server_that_copies_only_the_results_tolerations_count() -> None:
+    """As upstream's eviction controller: a result without a copy tolerates nothing (another allocator
+    allocated it, or it dates from before an upgrade), whatever the request says."""
+    claim = _claim_whose_request_tolerates(result())
+    assert claim_eviction_time(claim, REF, TAINT, ADDED, server_copies=True) == ADDED
+    copied = _claim_whose_request_tolerates(result(tolerations=[tol(operator="Exists", seconds=30)]))
+    assert claim_eviction_time(copied, REF, TAINT, ADDED, server_copies=True) == ADDED + timedelta(seconds=30)
+
+
+def test_on_a_server_not_known_to_copy_the_request_stands_in_for_a_missing_copy() -> None:
+    """Kubernetes 1.34's allocator honours request tolerations but never copies them."""
+    assert claim_eviction_time(_claim_whose_request_tolerates(result()), REF, TAINT, ADDED) is None
+    # A copy, where there is one, still wins over the request.
+    copied = _claim_whose_request_tolerates(result(tolerations=[tol(operator="Exists", seconds=30)]))
+    assert claim_eviction_time(copied, REF, TAINT, ADDED) == ADDED + timedelta(seconds=30)
 
 
 def test_request_tolerations_stand_in_when_the_result_has_no_copy() -> None:
-    """Kubernetes 1.34's allocator never copies tolerations into results."""
     from claimwarden.health.tolerations import result_tolerations
 
     toleration = {"key": "claimwarden.io/unhealthy", "operator": "Exists", "effect": "NoExecute"}
     claim = {"spec": {"devices": {"requests": [
         {"name": "gpu", "exactly": {"tolerations": [toleration]}},
         {"name": "any", "firstAvailable": [{"name": "big"}, {"name": "small", "tolerations": [toleration]}]}]}}}
-    assert result_tolerations(claim, {"request": "gpu"}) == [toleration]
-    assert result_tolerations(claim, {"request": "any/small"}) == [toleration]
-    assert result_tolerations(claim, {"request": "any/big"}) == []
-    assert result_tolerations(claim, {"request": "gpu", "tolerations": []}) == []  # a copy wins, even empty
-    assert result_tolerations(claim, {"request": "other"}) == []
+    assert result_tolerations(claim, {"request": "gpu"}, server_copies=False) == [toleration]
+    assert result_tolerations(claim, {"request": "any/small"}, server_copies=False) == [toleration]
+    assert result_tolerations(claim, {"request": "any/big"}, server_copies=False) == []
+    assert result_tolerations(claim, {"request": "other"}, server_copies=False) == []
+    # The API server omits an empty list: an empty one is no copy either.
+    assert result_tolerations(claim, {"request": "gpu", "tolerations": []}, server_copies=False) == [toleration]
+    for request in ("gpu", "any/small"):
+        assert result_tolerations(claim, {"request": request}, server_copies=True) == []
+
+
+def test_copies_tolerations_needs_one_result_carrying_them() -> None:
+    from claimwarden.health.tolerations import copies_tolerations
+
+    assert not copies_tolerations([])
+    assert not copies_tolerations([claim_with(result()), {"metadata": {"name": "pending"}}])
+    assert not copies_tolerations([claim_with(result(tolerations=[]))])
+    assert copies_tolerations([claim_with(result()), claim_with(result("gpu-1", [tol(operator="Exists")]))])

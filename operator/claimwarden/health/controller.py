@@ -25,7 +25,7 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import allocated_devices, resolve_claim_names
+from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
 from . import breaker, plan, records
@@ -35,6 +35,7 @@ from .marks import Marks
 from .quarantine import Quarantine
 from .records import DeviceRef
 from .taint_rules import UnselectiveRules
+from .tolerations import copies_tolerations
 
 log = logging.getLogger("claimwarden.health")
 
@@ -43,6 +44,7 @@ QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 BREAKER_OPEN = "EvictionBreakerOpen"
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
+COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ class HealthController:
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
+        # Whether the server's allocator copies tolerations into allocation results (tolerations.py):
+        # once one copy was seen it stays true; until then all claims are scanned now and then.
+        self._copies_tolerations = False
+        self._copies_scanned = -COPIES_RESCAN
 
     @property
     def slice_queue(self) -> WorkQueue:
@@ -107,6 +113,8 @@ class HealthController:
     def enqueue_for_claim(self, namespace: str, name: str, body: Body) -> None:
         """A claim changed: look again at records whose device it holds or held."""
         names = set(self._claim_records.get((namespace, name), set()))
+        if not self._copies_tolerations and copies_tolerations([body]):
+            self._note_copies()
         for device in allocated_devices(body):
             names.update(r["metadata"]["name"] for r in self._records_for(DeviceRef(*device)))
         for record in names:
@@ -119,10 +127,22 @@ class HealthController:
         A claim is reserved before its pod is bound, so a pod on a marked device becomes evictable
         only with the pod's own update, not the claim's.
         """
-        for resolved in resolve_claim_names(pod):
-            claim = self.cache.claim(namespace, resolved.claim_name) if resolved.claim_name else None
+        for claim_name in pod_claim_names(pod):
+            claim = self.cache.claim(namespace, claim_name)
             if claim is not None:
-                self.enqueue_for_claim(namespace, resolved.claim_name or "", claim)
+                self.enqueue_for_claim(namespace, claim_name, claim)
+
+    def server_copies_tolerations(self) -> bool:
+        """True once an allocation result with tolerations was seen (a scan of all claims every COPIES_RESCAN s)."""
+        if not self._copies_tolerations and time.monotonic() - self._copies_scanned >= COPIES_RESCAN:
+            self._copies_scanned = time.monotonic()
+            if copies_tolerations(self.cache.claims()):
+                self._note_copies()
+        return self._copies_tolerations
+
+    def _note_copies(self) -> None:
+        self._copies_tolerations = True
+        log.info("allocation results carry tolerations: eviction honours those, never the claims' requests")
 
     def quarantined(self, claim: Body) -> bool:
         """True if the claim holds a device that a NoExecute or NoSchedule record quarantines."""
@@ -240,8 +260,10 @@ class HealthController:
                 await self._note_breaker(self.decision(driver), None)
             claims = self.quarantine.claims_of(name)
             # Freeing a device is destructive: confirm the record is really gone first.
-            if claims and await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
-                await self.quarantine.release(claims)
+            if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
+                if claims:
+                    await self.quarantine.release(claims)
+                await self.quarantine.drop_taint_rule(name)
             return
         moment = now()
         if records.is_expired(record, moment):
@@ -260,7 +282,8 @@ class HealthController:
             record["metadata"].get("creationTimestamp")) or moment
 
         holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
-        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace)
+        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
+                                       server_copies_tolerations=self.server_copies_tolerations())
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         released = memory.holders - holders

@@ -28,6 +28,7 @@ from claimwarden.health.records import (
 from claimwarden.health.tolerations import NO_EXECUTE, allocation_results, claim_eviction_time, names_device
 from claimwarden.podclaims import (
     TERMINAL_PHASES,
+    extended_resource_claim_name,
     is_allocated,
     is_being_deleted,
     is_controlled_by_pod,
@@ -126,11 +127,15 @@ def device_holders(claims: Iterable[dict[str, Any]], ref: DeviceRef, namespace: 
 
 
 def pod_uses_claim(pod: dict[str, Any], claim: dict[str, Any]) -> bool:
-    """True when one of the pod's spec.resourceClaims resolves to this claim.
+    """True when one of the pod's spec.resourceClaims resolves to this claim, or it is the pod's
+    extended-resource claim (status.extendedResourceClaimStatus, 1.36+).
 
-    A claim generated from a template must also be controlled by the pod, as upstream requires.
+    A claim generated from a template, like an extended-resource claim, must also be controlled by
+    the pod, as upstream requires.
     """
     name = metadata(claim).get("name")
+    if name and extended_resource_claim_name(pod) == name and is_controlled_by_pod(claim, pod_uid(pod)):
+        return True
     for resolved in resolve_claim_names(pod):
         if resolved.claim_name != name:
             continue
@@ -176,11 +181,14 @@ def plan_record(
     pods: Mapping[tuple[str, str], dict[str, Any]],
     marked_at: datetime,
     namespace: str,
+    *,
+    server_copies_tolerations: bool = False,
 ) -> RecordPlan:
     """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
 
     `claims` need only hold those allocated the device (others are ignored); `namespace` is
-    claimwarden's own, where its quarantine claims live.
+    claimwarden's own, where its quarantine claims live. `server_copies_tolerations`: the server's
+    allocator copies tolerations into allocation results (tolerations.result_tolerations).
 
     Due times count from `marked_at` (the record's status.markedAt) plus the smallest matching
     tolerationSeconds. A pod using several claims that hold the device is evicted once, at the
@@ -195,7 +203,7 @@ def plan_record(
     earliest: dict[tuple[str, str, str], Eviction] = {}
     using: set[tuple[str, str, str]] = set()
     for claim in sorted(holders, key=claim_key):
-        due = claim_eviction_time(claim, ref, taint, marked_at)
+        due = claim_eviction_time(claim, ref, taint, marked_at, server_copies=server_copies_tolerations)
         for pod in affected_pods(claim, pods):
             using.add(pod)
             if due is None:

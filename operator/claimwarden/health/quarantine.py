@@ -123,6 +123,15 @@ class Quarantine:
             await self.kube.create_cluster_object(api, "devicetaintrules", body)
         return str(rule_name)
 
+    async def drop_taint_rule(self, record_name: str) -> None:
+        """The record is gone: delete its rule now. Its ownerReference would have the garbage collector do
+        it, but only once the collector watches the records' CRD (it finds new CRDs every 30 s)."""
+        version = await self.taint_rule_api()
+        if version and await self.kube.delete_cluster_object(
+                f"resource.k8s.io/{version}", "devicetaintrules",
+                plan.device_taint_rule_name({"metadata": {"name": record_name}})):
+            log.info("DeviceTaintRule of record %s deleted", record_name)
+
     async def taint_rule_api(self) -> str | None:
         """The served version of DeviceTaintRule (asked once), or None."""
         if not self._taint_rule_checked:

@@ -1,14 +1,15 @@
 """Device tolerations and eviction times, with upstream's rules for NoExecute device taints.
 
 Tolerations are the copies the scheduler made at allocation time, in
-`status.allocation.devices.results[].tolerations`; the claim's spec is never read. Taints and
-tolerations are plain dicts (`{"key", "value", "effect"}` and `{"key", "operator", "value",
-"effect", "tolerationSeconds"}`).
+`status.allocation.devices.results[].tolerations`, as upstream's eviction controller reads them;
+the claim's spec is read only on servers that never make those copies (see `result_tolerations`).
+Taints and tolerations are plain dicts (`{"key", "value", "effect"}` and `{"key", "operator",
+"value", "effect", "tolerationSeconds"}`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,15 +87,34 @@ def allocation_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return list((allocation.get("devices") or {}).get("results") or [])
 
 
-def result_tolerations(claim: dict[str, Any], result: dict[str, Any]) -> list[dict[str, Any]]:
+def copies_tolerations(claims: Iterable[dict[str, Any]]) -> bool:
+    """True when some allocation result carries tolerations: proof that this server's allocator copies them.
+
+    Only an allocator that copies writes `results[].tolerations` (the field is in the schema of
+    every version from 1.34 on, so the served schema cannot tell; 1.34's allocator and 1.35's
+    stable one never fill it, 1.35 with DRADeviceTaints on and 1.36+ always do).
+    """
+    return any(result.get("tolerations") for claim in claims for result in allocation_results(claim))
+
+
+def result_tolerations(claim: dict[str, Any], result: dict[str, Any], *, server_copies: bool) -> list[dict[str, Any]]:
     """The tolerations that apply to one allocation result.
 
-    The result's own copy when it has one (the scheduler copies them from 1.35 on). Kubernetes
-    1.34's allocator honours request tolerations but never copies them, so there the request's
-    tolerations in the claim spec (`<request>` or `<request>/<subrequest>`) are used instead.
+    The rule, decided by what the server does rather than by its version:
+    - a result that carries tolerations: exactly those (the allocator copied them; upstream's
+      eviction controller reads nothing else);
+    - a result without, on a server that copies (`server_copies`, see `copies_tolerations`): none.
+      The allocator copies every toleration of the request, so the request had none or the claim
+      was allocated elsewhere (another allocator, or before an upgrade), and upstream would not
+      honour the request's tolerations either;
+    - a result without, on a server not known to copy (1.34): the tolerations of the request in
+      the claim spec (`<request>` or `<request>/<subrequest>`), which that allocator honoured for
+      scheduling but never copied.
     """
-    if "tolerations" in result and result["tolerations"] is not None:
+    if result.get("tolerations"):
         return list(result["tolerations"])
+    if server_copies:
+        return []
     request, _, subrequest = str(result.get("request") or "").partition("/")
     for entry in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
         if entry.get("name") != request:
@@ -108,16 +128,17 @@ def result_tolerations(claim: dict[str, Any], result: dict[str, Any]) -> list[di
 
 
 def claim_eviction_time(claim: dict[str, Any], ref: DeviceRef, taint: dict[str, Any],
-                        time_added: datetime) -> datetime | None:
+                        time_added: datetime, *, server_copies: bool = False) -> datetime | None:
     """The earliest eviction time over the claim's allocation results for this device.
 
-    Each result is judged with its own tolerations. None when no result names the device or every
-    one that does tolerates the taint forever.
+    Each result is judged with its own tolerations (`result_tolerations`). None when no result
+    names the device or every one that does tolerates the taint forever.
     """
     times = [
         evict_at
         for result in allocation_results(claim)
         if names_device(result, ref)
-        and (evict_at := eviction_time(taint, result_tolerations(claim, result), time_added)) is not None
+        and (evict_at := eviction_time(taint, result_tolerations(claim, result, server_copies=server_copies),
+                                             time_added)) is not None
     ]
     return min(times, default=None)

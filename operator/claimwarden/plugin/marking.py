@@ -121,12 +121,14 @@ class Preview:
 def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
     """The pods a NoExecute mark of `ref` would evict, by the health controller's own plan."""
     from claimwarden.health.plan import plan_record
+    from claimwarden.health.tolerations import copies_tolerations
 
     record = {"metadata": {"name": records.record_name(ref)},
               "spec": {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "effect": "NoExecute"}}
     pods = {(str((p.get("metadata") or {}).get("namespace")), str((p.get("metadata") or {}).get("name"))): p
             for p in snapshot.pods}
-    decided = plan_record(record, snapshot.claims, pods, snapshot.now, snapshot.claimwarden_namespace)
+    decided = plan_record(record, snapshot.claims, pods, snapshot.now, snapshot.claimwarden_namespace,
+                          server_copies_tolerations=copies_tolerations(snapshot.claims))
     return Preview(tuple(sorted(f"{e.namespace}/{e.pod}" for e in decided.evict)), decided.tolerated)
 
 

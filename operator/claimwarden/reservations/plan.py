@@ -24,9 +24,9 @@ from claimwarden.podclaims import (
     has_finalizer,
     is_allocated,
     is_being_deleted,
+    is_generated_claim,
     is_pod_reservation,
     metadata,
-    pod_claim_name_of,
     reserved_for,
     spec,
     status,
@@ -167,10 +167,11 @@ def _owner_is_finished(claim: dict[str, Any], owner: Mapping[str, Any] | None) -
 
     A claim whose owner is missing from the cache is left to the garbage collector; a claim that is
     not a generated claim (a pod owner and the pod-claim-name annotation, as claimwarden and upstream
-    make them) is never deleted, whatever ownerReference a user gave it; nor is one already being deleted.
+    make them, or the scheduler's extended-resource claim, 1.36+) is never deleted, whatever
+    ownerReference a user gave it; nor is one already being deleted.
     """
     owner_uid = controlling_pod_uid(claim)
-    if owner_uid is None or owner is None or is_being_deleted(claim) or not pod_claim_name_of(claim):
+    if owner_uid is None or owner is None or is_being_deleted(claim) or not is_generated_claim(claim):
         return False
     return owner.get("uid") != owner_uid or is_view_done(owner)
 
