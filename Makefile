@@ -22,7 +22,7 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
 
-.PHONY: help venv bins bins-1.37 bins-matrix prometheus lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
+.PHONY: help venv bins bins-matrix prometheus lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
 	install uninstall deploy undeploy image podman lock bench chaos bench-explain
 
 help: ## list the targets
@@ -60,12 +60,9 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins bins-1.37 prometheus podman ## all tests on 1.34.4, then the core and the 1.37 features on 1.37.2 (builds what is missing)
+test: venv bins-matrix prometheus podman ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS)
-
-bins-1.37: ## the 1.37.2 control plane (about 9 min, cold)
-	K8S_VERSION=1.37.2 bins/build.sh
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
