@@ -16,11 +16,13 @@ when the window frees room (approvals and cleared marks wake it through their ow
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import cast
+from typing import Any, cast
 
 from .. import metrics
 from ..cache import Body
@@ -31,6 +33,7 @@ from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
 from . import breaker, plan, records
 from .budget import TokenBucket
+from .counts import CountWrites
 
 log = logging.getLogger("claimwarden.health")
 
@@ -49,11 +52,12 @@ Decide = Callable[[str], breaker.Decision]
 class Evictions:
     """The eviction queue, the PDB refusals per key, and each record's count of evicted pods."""
 
-    def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str], None],
+    def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: TokenBucket,
                  decide: Decide | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
-        """`decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
+        """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
+        `decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
         record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
         self.queue = WorkQueue("health-evictions")
@@ -70,6 +74,7 @@ class Evictions:
         self._evicted_pods: dict[str, float] = {}
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
+        self.counts = CountWrites()
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -95,6 +100,7 @@ class Evictions:
     def forget(self, record_name: str) -> None:
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
+        self.counts.forget(record_name)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -145,13 +151,14 @@ class Evictions:
             record["metadata"].get("creationTimestamp"))
         if marked_at is not None:
             metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
-        await self._count(record)
+        self._evicted[record_name] = self.evicted(record) + 1
+        # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown).
+        self._on_evicted(record_name, self.counts.changed(record_name, time.monotonic()))
         reason = record["spec"].get("reason", "")
         message = f"evicted: device {ref} is unhealthy: {reason}"
-        await self._post_event(pod, "Warning", EVICTED, message)
-        await self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}")
+        await asyncio.gather(self._post_event(pod, "Warning", EVICTED, message),
+                             self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}"))
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
-        self._on_evicted(record_name)
 
     def _breaker_room(self, record: Body, driver: str) -> bool:
         """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
@@ -178,27 +185,34 @@ class Evictions:
 
     async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
                          claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
-        """(record, pod, device) read fresh, when the pod is still to be evicted; else None."""
-        record = await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, record_name)
+        """(record, pod, device) read fresh, when the pod is still to be evicted; else None.
+
+        The three reads go out together: one round trip of waiting instead of three."""
+        if uid in self._evicted_pods:  # evicted by this process: its cached pod may not say so yet
+            return None
+        record, pod, claim = await asyncio.gather(
+            self.kube.get_cluster_object(RECORDS_API, records.PLURAL, record_name),
+            self.kube.get_pod(namespace, pod_name), self.kube.get_claim(namespace, claim_name))
         ref = records.record_ref(record) if record is not None else None
         if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
                 is_being_deleted(record):
             return None
-        pod = await self.kube.get_pod(namespace, pod_name)
         if pod is None or pod["metadata"].get("uid") != uid:
-            if uid not in self._evicted_pods:
-                metrics.EVICTIONS.labels("gone").inc()
+            metrics.EVICTIONS.labels("gone").inc()
             return None
         if is_being_deleted(pod):
             return None
-        claim = await self.kube.get_claim(namespace, claim_name)
         if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
             return None
         return record, pod, ref
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
-        self._evicted_pods = {k: t for k, t in self._evicted_pods.items() if moment - t < EVICTED_MEMORY_SECONDS}
+        # Oldest first (insertion order): drop the expired from the front, not a copy per eviction.
+        for old, _at in list(itertools.takewhile(lambda item: moment - item[1] >= EVICTED_MEMORY_SECONDS,
+                                                self._evicted_pods.items())):
+            del self._evicted_pods[old]
+        self._evicted_pods.pop(uid, None)
         self._evicted_pods[uid] = moment
 
     async def _blocked(self, key: Hashable, pod: Body, ref: records.DeviceRef, exc: ApiError) -> Requeue:
@@ -212,17 +226,30 @@ class Evictions:
         delay = min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX)
         return Requeue(max(delay, exc.retry_after or 0.0), "blocked")
 
-    async def _count(self, record: Body) -> None:
-        """Store the new count at once: it lives only in memory until the record's status has it."""
-        name = record["metadata"]["name"]
-        self._evicted[name] = self.evicted(record) + 1
-        recent = breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)
-        try:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": {
-                "podsEvicted": self._evicted[name], "recentEvictions": recent}}, subresource="status")
-        except ApiError as exc:
-            if not exc.not_found:
-                log.warning("could not store the eviction count of record %s: %s", name, exc)
+    def counts_status(self, record: Body) -> dict[str, Any]:
+        """The record's counts as its status should carry them: podsEvicted and recentEvictions."""
+        return {"podsEvicted": self.evicted(record),
+                "recentEvictions": breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)}
+
+    def counts_written(self, record_name: str, version: int) -> None:
+        """A status write with the record's counts as of `version` (counts.version) succeeded."""
+        self.counts.written(record_name, time.monotonic(), version)
+
+    async def flush_counts(self) -> None:
+        """Write every count still only in memory (at shutdown, after the workers have stopped)."""
+        for name in self.counts.unsaved():
+            if name not in self._evicted:
+                continue
+            version = self.counts.version(name)
+            status = {"podsEvicted": self._evicted[name], "recentEvictions": breaker.format_recent(
+                self._recent.get(name, []), now(), self.breaker_settings.window)}
+            try:
+                await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": status},
+                                                           subresource="status")
+                self.counts_written(name, version)
+            except ApiError as exc:
+                if not exc.not_found:
+                    log.warning("could not store the eviction count of record %s: %s", name, exc)
 
 
 def _drain_wait(record: Body) -> float | None:
