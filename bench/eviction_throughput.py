@@ -159,6 +159,11 @@ def _run(api: client.ApiClient, contender: str, state: cluster.LabState, pods: i
         driver = result.driver
     slices = {s.spec.pool.name: s for s in resource.list_resource_slice().items}
     offset = state.audit_log.stat().st_size
+    # CPU seconds over the phase (utime + stime from /proc): the contender's process, and the apiserver's.
+    contender_pid = operator.pid if operator is not None else next(
+        p.pid for p in state.processes if p.name == "kube-controller-manager")
+    apiserver_pid = next(p.pid for p in state.processes if p.name == "kube-apiserver")
+    cpu_before = _cpu_seconds(contender_pid), _cpu_seconds(apiserver_pid)
     profiler = _start_profiler(operator, profile) if profile is not None and operator is not None else None
 
     marked = time.monotonic()
@@ -203,6 +208,11 @@ def _run(api: client.ApiClient, contender: str, state: cluster.LabState, pods: i
         _until("the records counting every eviction", counted, interval=0.25)
         figures["recorded_s"] = time.monotonic() - marked
         say(f"{contender}: every eviction counted in the records after {figures['recorded_s']:.2f} s")
+    figures["cpu_s"] = _cpu_seconds(contender_pid) - cpu_before[0]
+    figures["apiserver_cpu_s"] = _cpu_seconds(apiserver_pid) - cpu_before[1]
+    who = 'claimwarden' if operator else 'kube-controller-manager'
+    say(f"{contender}: {figures['cpu_s']:.1f} CPU seconds ({who}), "
+        f"kube-apiserver {figures['apiserver_cpu_s']:.1f}, from the marks to the end")
     if profiler is not None and profile is not None:
         _stop_profiler(profiler)
         say(f"{contender}: profile of the eviction phase in {profile}")
@@ -215,6 +225,11 @@ def _run(api: client.ApiClient, contender: str, state: cluster.LabState, pods: i
     say(f"{contender}: {figures['calls_per_pod']:.1f} API calls per pod ({figures['reads_per_pod']:.1f} reads, "
         f"{figures['writes_per_pod']:.1f} writes): {top}")
     return figures
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _metadata_list(api: client.ApiClient, path: str) -> list[dict[str, Any]]:
@@ -327,13 +342,14 @@ def main() -> None:
                                      gpus_per_node=args.gpus_per_node, claimwarden_args=args.claimwarden_args,
                                      profile=args.profile if contender == "claimwarden" else None)
     say(f"\n{args.pods} pods, {args.nodes} nodes; seconds from the marks")
-    say(f"{'contender':<20} {'all evicted':>12} {'recorded':>9} {'calls/pod':>10} {'vs claimwarden':>15}")
+    say(f"{'contender':<24} {'all evicted':>12} {'recorded':>9} {'calls/pod':>10} {'CPU s':>7} {'apiserver CPU s':>16} "
+        f"{'vs claimwarden':>15}")
     base = results.get("claimwarden", {}).get("evicted_s")
     for contender, figures in results.items():
         recorded = f"{figures['recorded_s']:.2f}" if "recorded_s" in figures else "-"
         ratio = f"{figures['evicted_s'] / base:.2f}x" if base else "-"
-        say(f"{contender:<20} {figures['evicted_s']:>12.2f} {recorded:>9} {figures['calls_per_pod']:>10.1f} "
-            f"{ratio:>15}")
+        say(f"{contender:<24} {figures['evicted_s']:>12.2f} {recorded:>9} {figures['calls_per_pod']:>10.1f} "
+            f"{figures['cpu_s']:>7.1f} {figures['apiserver_cpu_s']:>16.1f} {ratio:>15}")
     for path in (args.profile.with_suffix(".baseline.txt"), args.profile) if args.profile else ():
         if not path.exists():
             continue

@@ -75,7 +75,7 @@ class HealthController:
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
         self.evictions = Evictions(
-            kube=kube, post_event=self._event, on_evicted=self.record_queue.add_after,
+            kube=kube, cache=cache, post_event=self._event, on_evicted=self.record_queue.add_after,
             breaker_settings=self.settings.breaker,
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(

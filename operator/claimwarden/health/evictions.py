@@ -1,9 +1,14 @@
 """Evicting the pods of a marked device, one pod per key, through the Eviction API.
 
-A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record, the pod and
-the claim from the API, because the indices may hold objects deleted while a watch was down; a
-pod is evicted only while all three still say so. PodDisruptionBudgets hold: a refusal is retried
-with back-off until the budget allows it or the mark is cleared.
+A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record and the pod
+from the API, together, because the indices may hold objects deleted while a watch was down; a pod
+is evicted only while both still say so and its claim holds the device reserved for it. A burst
+costs little more than the evictions themselves (README "The eviction budget", throughput): the pods
+of one record share a read of it made within RECORD_READ_SHARE seconds; the claim is taken from the
+cache when it agrees (a claim reserved for the running pod just read keeps its allocation) and read
+only to confirm a no; pods this process evicted are not read again; and the record's count is
+written by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with
+back-off until the budget allows it or the mark is cleared.
 
 Right before the call two guards apply, in this order (README "What claimwarden will not do
 without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
@@ -25,7 +30,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, cast
 
 from .. import metrics
-from ..cache import Body
+from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..podclaims import is_being_deleted, is_reserved_for
@@ -43,6 +48,7 @@ EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
 EVICTED_MEMORY_SECONDS = 600.0
+RECORD_READ_SHARE = 0.5  # seconds one read of a record serves the evictions of its other pods
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
@@ -52,7 +58,8 @@ Decide = Callable[[str], breaker.Decision]
 class Evictions:
     """The eviction queue, the PDB refusals per key, and each record's count of evicted pods."""
 
-    def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str, float], None],
+    def __init__(self, *, kube: Kube, cache: Cache | None, post_event: PostEvent,
+                 on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: TokenBucket,
                  decide: Decide | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
@@ -60,6 +67,7 @@ class Evictions:
         `decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
         record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
+        self.cache = cache  # None in unit tests: every claim is then read from the API
         self.queue = WorkQueue("health-evictions")
         self.breaker_settings = breaker_settings
         self.budget = budget
@@ -75,6 +83,7 @@ class Evictions:
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
         self.counts = CountWrites()
+        self._record_reads: dict[str, tuple[float, asyncio.Future[Body | None]]] = {}
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -101,6 +110,7 @@ class Evictions:
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
         self.counts.forget(record_name)
+        self._record_reads.pop(record_name, None)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -190,9 +200,7 @@ class Evictions:
         The three reads go out together: one round trip of waiting instead of three."""
         if uid in self._evicted_pods:  # evicted by this process: its cached pod may not say so yet
             return None
-        record, pod, claim = await asyncio.gather(
-            self.kube.get_cluster_object(RECORDS_API, records.PLURAL, record_name),
-            self.kube.get_pod(namespace, pod_name), self.kube.get_claim(namespace, claim_name))
+        record, pod = await asyncio.gather(self._read_record(record_name), self.kube.get_pod(namespace, pod_name))
         ref = records.record_ref(record) if record is not None else None
         if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
                 is_being_deleted(record):
@@ -202,9 +210,26 @@ class Evictions:
             return None
         if is_being_deleted(pod):
             return None
+        # The claim from the cache is enough when it says yes: the pod just read is running with this UID,
+        # and a claim reserved for a running pod keeps its allocation. Only a no is confirmed with a read.
+        cached = self.cache.claim(namespace, claim_name) if self.cache is not None else None
+        if cached is not None and plan.holds_device(cached, ref) and is_reserved_for(cached, uid):
+            return record, pod, ref
+        claim = await self.kube.get_claim(namespace, claim_name)
         if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
             return None
         return record, pod, ref
+
+    async def _read_record(self, name: str) -> Body | None:
+        """The record read from the API; pods of one record evicted within RECORD_READ_SHARE seconds of each
+        other share one read (a burst on one device is one GET of its record, not one per pod)."""
+        moment = time.monotonic()
+        shared = self._record_reads.get(name)
+        if shared is None or moment - shared[0] > RECORD_READ_SHARE or (
+                shared[1].done() and (shared[1].cancelled() or shared[1].exception() is not None)):
+            shared = (moment, asyncio.ensure_future(self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)))
+            self._record_reads[name] = shared
+        return await asyncio.shield(shared[1])
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
