@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.aio import client as aio
 
-from claimwarden.kube.api import Kube, refresh_due
+from claimwarden.kube.api import Kube, env_proxy, refresh_due
 from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable
 from claimwarden.workqueue import WorkQueue, run_workers
 
@@ -118,3 +118,17 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_the_proxy_comes_from_the_environment_once_as_aiohttp_would_per_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("https://10.0.0.1:6443") == (None, {})
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@proxy.example:3128")
+    proxy, headers = env_proxy("https://10.0.0.1:6443")
+    assert proxy is not None and proxy.startswith("http://proxy.example:3128")
+    assert headers["Proxy-Authorization"].startswith("Basic ")
+    assert env_proxy("http://10.0.0.1:8080") == (None, {}), "HTTPS_PROXY is for https:// servers only"
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1")
+    assert env_proxy("https://10.0.0.1:6443") == (None, {})

@@ -25,7 +25,9 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes.aio import client as aio
+from yarl import URL
 
 from ..timestamps import now_rfc3339
 from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
@@ -46,6 +48,16 @@ CONNECTION_POOL = 32
 
 Credentials = tuple[aio.Configuration, datetime.datetime | None]  # a loaded configuration and its expiry
 Reload = Callable[[], Awaitable[Credentials]]
+
+
+def env_proxy(server: str) -> tuple[str | None, dict[str, str]]:
+    """The proxy that HTTPS_PROXY/HTTP_PROXY/NO_PROXY give for the API server (as aiohttp's trust_env
+    would), and the header carrying its credentials; (None, {}) for none."""
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(server))
+    except LookupError:
+        return None, {}
+    return str(proxy), ({"Proxy-Authorization": auth.encode()} if auth is not None else {})
 
 
 def refresh_due(now: datetime.datetime, loaded_at: datetime.datetime, expires_at: datetime.datetime | None) -> bool:
@@ -84,6 +96,13 @@ class Kube:
         async def reload() -> Credentials:
             configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
             configuration.connection_pool_maxsize = CONNECTION_POOL
+            # With trust_env, aiohttp looks up ~/.netrc and the proxy variables in a thread for every
+            # request: two thread hops per call, ~5 % of the CPU of an eviction burst. Look once, here.
+            configuration.client_session_kwargs = {"trust_env": False}
+            if not configuration.proxy:
+                configuration.proxy, headers = env_proxy(configuration.host)
+                if headers:
+                    configuration.proxy_headers = headers
             return configuration, expires_at
 
         configuration, expires_at = await reload()
