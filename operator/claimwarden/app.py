@@ -281,7 +281,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         metrics.LEADER.set(1)
         await runtime.lead()
     else:
-        runtime.elector = Elector(kube, CONFIG.election, on_started=runtime.lead, on_lost=lost_lease)
+        # The lease gets connections of its own: behind a burst of evictions and records (64 workers on 32
+        # pooled connections) a renewal once waited past the lease duration and fenced every write.
+        lease_kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
+                                        request_timeout=CONFIG.request_timeout,
+                                        user_agent=f"claimwarden/{__version__} ({identity})")
+        runtime.elector = Elector(lease_kube, CONFIG.election, on_started=runtime.lead, on_lost=lost_lease)
         kube.may_write = runtime.elector.holds_lease
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
@@ -321,6 +326,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.drain()
         await runtime.kube.close()
+        if runtime.elector is not None and runtime.elector.kube is not runtime.kube:
+            await runtime.elector.kube.close()
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()
