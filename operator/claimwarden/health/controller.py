@@ -82,6 +82,8 @@ class HealthController:
                 name, _until_room(decision, now())))
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
         self._memory: dict[str, RecordMemory] = {}
+        # record -> (resourceVersion our last status write returned, the status it wrote).
+        self._status_written: dict[str, tuple[int, dict[str, Any]]] = {}
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
         self._open: dict[str, bool] = {}
@@ -344,13 +346,19 @@ class HealthController:
             "deviceTaintRule": rule,
             "conditions": conditions,
         }
+        written = self._status_written.get(name)
+        if written is not None and _resource_version(record) <= written[0]:
+            # The watch has not brought our last write back yet (it lags under load): compare with what was
+            # written, or the same status goes out again every reconcile until it does.
+            status = {**status, **written[1]}
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic())
             if wait > 0:  # paced (counts.py): this reconcile comes back and writes what is then true
                 self.record_queue.add_after(name, wait)
                 return
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": desired},
-                                                       subresource="status")
+            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+                                                                {"status": desired}, subresource="status")
+            self._status_written[name] = (_resource_version(result), desired)
         self.evictions.counts_written(name, version)
 
     async def flush(self) -> None:
@@ -368,6 +376,7 @@ class HealthController:
 
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)
         for key in [k for k, names in self._claim_records.items() if name in names]:
@@ -394,6 +403,12 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
         return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
                 f"(drain {drain}), then they are evicted; the device takes no new work")
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
+
+
+def _resource_version(obj: Body) -> int:
+    """The object's resourceVersion as a number (etcd's revision; 0 when it is not one)."""
+    version = str(obj["metadata"].get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
 
 
 def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
