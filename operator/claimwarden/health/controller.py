@@ -264,7 +264,9 @@ class HealthController:
             record["metadata"].get("creationTimestamp")) or moment
 
         holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
-        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace)
+        # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
+        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
+                                       evicted=self.evictions.evicted_pods())
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         released = memory.holders - holders

@@ -103,6 +103,10 @@ class Evictions:
             self._recent[name] = breaker.parse_recent(record.get("status") or {})
         return self._recent[name]
 
+    def evicted_pods(self) -> frozenset[str]:
+        """UIDs of the pods this process evicted in the last EVICTED_MEMORY_SECONDS."""
+        return frozenset(self._evicted_pods)
+
     def in_flight(self, driver: str) -> int:
         return self._in_flight.get(driver, 0)
 
