@@ -109,6 +109,11 @@ def test_a_burst_on_one_device_respects_a_pdb_and_counts_every_eviction(
     writes = [e for e in done if (e.get("user") or {}).get("username") == CLAIMWARDEN_USER
               and e.get("verb") == "patch" and e["objectRef"].get("resource") == "unhealthydevices"
               and e["objectRef"].get("name") == record_name and e["objectRef"].get("subresource") == "status"]
+    quarantines = [e for e in done if (e.get("user") or {}).get("username") == CLAIMWARDEN_USER
+                   and e.get("verb") == "create" and e["objectRef"].get("resource") == "resourceclaims"
+                   and e["objectRef"].get("namespace") == "claimwarden-system"]
+    # One quarantine claim, and at most one re-assertion once the shared claim lets go; not a churn.
+    assert 1 <= len(quarantines) <= 2, f"{len(quarantines)} quarantine claims created for one device"
     # Once per pod would be 20 writes of the counts alone, plus the record's own; paced, a handful.
     print(f"{len(writes)} status writes of the record for {FREE + GUARDED} evictions")
     assert len(writes) < (FREE + GUARDED) // 2, f"{len(writes)} status writes for {FREE + GUARDED} evictions"
