@@ -10,11 +10,17 @@ DEMO_ARGS ?=
 PYTEST_ARGS ?=
 K8S_VERSION ?= 1.34.4
 MATRIX_VERSIONS := 1.35.4 1.36.3 1.37.2
+# The lifecycle and health core, run on every version by test-matrix (and on 1.37 by test).
+CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_lifecycle.py \
+	tests/integration/test_claims_real_paths.py tests/integration/test_claims_walkthrough.py \
+	tests/integration/test_claims_sharing_limit.py tests/integration/test_health_eviction.py \
+	tests/integration/test_health_quarantine.py tests/integration/test_health_tolerations.py \
+	tests/integration/test_health_real_paths.py tests/integration/test_relist.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
 
-.PHONY: help venv bins bins-matrix prometheus lab lab-down demo run test test-unit test-integration lint manifests \
+.PHONY: help venv bins bins-1.37 bins-matrix prometheus lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
 	install uninstall deploy undeploy image podman lock bench chaos bench-explain
 
 help: ## list the targets
@@ -52,14 +58,22 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins prometheus podman ## run all tests (builds the binaries, installs Prometheus and podman first if needed)
+test: venv bins bins-1.37 prometheus podman ## all tests on 1.34.4, then the core and the 1.37 features on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) tests
+	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS)
+
+bins-1.37: ## the 1.37.2 control plane (about 9 min, cold)
+	K8S_VERSION=1.37.2 bins/build.sh
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
 test-integration: venv bins prometheus podman ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
+
+test-matrix: venv bins-matrix prometheus podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
+	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
 chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
 	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider tests/chaos

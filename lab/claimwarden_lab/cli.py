@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import cluster, demo
+from . import cluster, demo, presets
 from .binaries import K8S_VERSION, VERSIONS
 from .cluster import default_dir
 from .processes import LabError
@@ -28,6 +28,9 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
     lab_up.add_argument("--kubernetes", default=K8S_VERSION,
                         help=f"control-plane version, one of {', '.join(VERSIONS)} (default: %(default)s; "
                              "each is built once by 'make bins K8S_VERSION=...')")
+    lab_up.add_argument("--preset", default="", dest="presets",
+                        help="turn DRA features on with this version's gates and runtime-config: comma-separated "
+                             f"from {', '.join(presets.names())} (see README, 'Kubernetes versions')")
     lab_up.add_argument("--kcm-qps", type=float, default=0,
                         help="kube-controller-manager's --kube-api-qps (burst twice that; default: its own, 20)")
     lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
                 dir=args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, models=args.models,
                 upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
                 runtime_config=args.runtime_config, api_port=args.api_port,
-                real_node=args.real_node, kubernetes=args.kubernetes, kcm_qps=args.kcm_qps), say)
+                real_node=args.real_node, kubernetes=args.kubernetes, presets=args.presets,
+                kcm_qps=args.kcm_qps), say)
         elif args.lab_command == "down":
             cluster.down(args.dir, say)
         elif args.lab_command == "restart-apiserver":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import shutil
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from . import driver, pki, realnode
+from . import driver, pki, presets, realnode
 from .binaries import K8S_VERSION, STAGES_FILE, require_binaries, resolve_version
 from .processes import (
     LabError,
@@ -90,6 +91,9 @@ class LabOptions:
     real_node: bool = False  # one real kubelet node beside the kwok nodes (realnode.py)
     kubernetes: str = K8S_VERSION
     """The control plane's version: 1.34 to 1.37 (binaries per version, see binaries.py)."""
+    presets: str = ""
+    """Comma-separated names from presets.py (device-taints, extended-resources, podgroups): the gates and
+    runtime-config that turn the feature on for this version, merged before feature_gates/runtime_config."""
     kcm_qps: float = 0
     """kube-controller-manager's client budget (--kube-api-qps, burst twice that); 0 = its default, 20.
     Raise it so that the lab's own garbage collector and eviction controller are not what a benchmark measures."""
@@ -104,7 +108,7 @@ class LabOptions:
                            "(a ResourceSlice lists at most 128 devices)")
         if self.kcm_qps < 0:
             raise LabError(f"--kcm-qps {self.kcm_qps} is negative; give 0 for kube-controller-manager's default")
-        resolve_version(self.kubernetes)
+        presets.resolve(resolve_version(self.kubernetes), self.presets)
         if self.api_port and not 1024 <= self.api_port <= 65535:
             raise LabError(f"--api-port {self.api_port} is out of range; give 1024 to 65535, or 0 for any")
         try:
@@ -182,6 +186,8 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     """Start the lab and return once the apiserver is ready, nodes are Ready and slices published."""
     models = options.validate()
     version = resolve_version(options.kubernetes)
+    gates, runtime_config = presets.resolve(version, options.presets, options.feature_gates, options.runtime_config)
+    options = dataclasses.replace(options, feature_gates=gates, runtime_config=runtime_config)
     bins = require_binaries(version=version)
     directory = options.dir.expanduser().resolve()
     running = _prepare_dir(directory, say)
@@ -199,7 +205,7 @@ def up(options: LabOptions, say: Say = print) -> LabState:
         "nodes": options.nodes, "gpus_per_node": options.gpus_per_node, "models": [m.name for m in models],
         "upstream_claims": options.upstream_claims, "feature_gates": options.feature_gates,
         "runtime_config": options.runtime_config, "real_node": options.real_node, "kubernetes": version,
-        "kcm_qps": options.kcm_qps})
+        "presets": options.presets, "kcm_qps": options.kcm_qps})
     state.ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": options.api_port or free_port(),
                    "scheduler": free_port(), "controller-manager": free_port(), "kwok": free_port()}
     state.api_url = f"https://127.0.0.1:{state.ports['apiserver']}"

@@ -18,7 +18,9 @@ from kubernetes import client as sync_client
 
 from . import __version__, metrics, projections
 from .cache import Cache
+from .claims import podgroups
 from .claims.controller import ClaimsController
+from .claims.podgroup_controller import PodGroupsController
 from .health import records
 from .health.controller import HealthController, HealthSettings
 from .health.plan import is_quarantine_claim
@@ -50,6 +52,7 @@ RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
                "claims_by_device", "claims_by_record", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name", "records_by_device")
+PODGROUP_INDEX_NAMES = ("podgroups_by_name", "podgroups_by_template", "claims_by_podgroup", "pods_by_podgroup")
 
 
 @dataclass
@@ -66,6 +69,7 @@ class RunConfig:
     server_version: str = "unknown"
     resync_seconds: float = 300.0
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
+    podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
     health: HealthSettings = field(default_factory=HealthSettings)
 
 
@@ -205,6 +209,13 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
         owner = controlling_pod_ref(dict(body))
         if owner is not None:
             runtime.claims.enqueue_pod(namespace, owner["name"])
+    group_owner = podgroups.controlling_podgroup_ref(dict(body)) if runtime.podgroups is not None else None
+    if group_owner is not None and runtime.podgroups is not None:
+        runtime.podgroups.enqueue(namespace, group_owner["name"])
+        if runtime.claims and type in ("ADDED", "DELETED", None):
+            # Member pods record the group's claim once it exists (or look for a new one once it is gone).
+            for pod in runtime.cache.pods_in_podgroup(namespace, group_owner["name"]):
+                runtime.claims.enqueue_pod(namespace, pod)
 
 
 async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
@@ -237,6 +248,76 @@ async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
         return
     for pod in runtime.cache.pods_using_template(namespace, name):
         runtime.claims.enqueue_pod(namespace, pod)
+    if runtime.podgroups is not None:
+        for podgroup in runtime.cache.podgroups_using_template(namespace, name):
+            runtime.podgroups.enqueue(namespace, podgroup)
+
+
+# --- PodGroups: only where the cluster serves them (register_podgroup_handlers) -------------------
+
+async def podgroups_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return {(namespace or "", name): projections.podgroup(body)}
+
+
+async def podgroups_by_template(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, template) -> PodGroup names: which PodGroups wait for this template?"""
+    templates = [e["resourceClaimTemplateName"] for e in (body.get("spec") or {}).get("resourceClaims") or []
+                 if e.get("resourceClaimTemplateName")]
+    return {(namespace or "", template): name for template in templates} or None
+
+
+async def claims_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, controlling PodGroup UID) -> claim name: which claims does this PodGroup control?"""
+    uid = podgroups.controlling_podgroup_uid(dict(body))
+    return {(namespace or "", uid): name} if uid else None
+
+
+async def pods_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """(namespace, PodGroup name) -> names of its member pods that have claims."""
+    group = podgroups.podgroup_name_of(dict(body))
+    if group is None or not (body.get("spec") or {}).get("resourceClaims"):
+        return None
+    return {(namespace or "", group): name}
+
+
+def _group_claim_names(podgroup: dict[str, Any], runtime: Runtime, namespace: str) -> set[str]:
+    """Every claim a PodGroup may hold a reservation on: named in its spec or status, or controlled by it."""
+    names = {str(e["resourceClaimName"]) for e in (podgroup.get("spec") or {}).get("resourceClaims") or []
+             if e.get("resourceClaimName")}
+    names |= {str(e["resourceClaimName"]) for e in podgroups.group_claim_statuses(podgroup).values()
+              if e.get("resourceClaimName")}
+    uid = (podgroup.get("metadata") or {}).get("uid", "")
+    names |= {c["metadata"]["name"] for c in runtime.cache.claims_owned_by_podgroup(namespace, uid)}
+    return names
+
+
+async def podgroup_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
+                         **_: Any) -> None:
+    namespace = namespace or ""
+    runtime = _leading(memo)
+    if runtime is None or not (body.get("spec") or {}).get("resourceClaims"):
+        return
+    if runtime.podgroups is not None:
+        if type == "DELETED":
+            runtime.podgroups.forget((body.get("metadata") or {}).get("uid", ""))
+        runtime.podgroups.enqueue(namespace, name)
+    deleting = type == "DELETED" or bool((body.get("metadata") or {}).get("deletionTimestamp"))
+    if runtime.reservations is not None and deleting:
+        for claim in _group_claim_names(dict(body), runtime, namespace):
+            runtime.reservations.enqueue_claim(namespace, claim)
+    if runtime.claims is not None:
+        for pod in runtime.cache.pods_in_podgroup(namespace, name):
+            runtime.claims.enqueue_pod(namespace, pod)
+
+
+def register_podgroup_handlers(version: str) -> None:
+    """Watch PodGroups at the served version; without PodGroups nothing of this is registered."""
+    resource = (podgroups.GROUP, version, podgroups.PLURAL)
+    kopf.index(*resource)(podgroups_by_name)
+    kopf.index(*resource)(podgroups_by_template)
+    kopf.index(*CLAIMS)(claims_by_podgroup)
+    kopf.index(*PODS)(pods_by_podgroup)
+    kopf.on.event(*resource)(podgroup_event)
 
 
 # --- start-up and clean-up --------------------------------------------------------------------
@@ -255,7 +336,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
 
-    cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES) if name in kwargs})
+    cache = Cache({name: kwargs[name] for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
+                   if name in kwargs})
     identity = CONFIG.election.identity if CONFIG.election else "standalone"
     kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
                               request_timeout=CONFIG.request_timeout,
@@ -265,6 +347,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     if "claims" in CONFIG.controllers:
         runtime.claims = ClaimsController(cache, kube)
         runtime.add_loop(runtime.claims.queue, runtime.claims.reconcile)
+        if CONFIG.podgroup_version is not None:
+            claims = runtime.claims
+
+            def members_record(namespace: str, podgroup: str) -> None:
+                for pod in cache.pods_in_podgroup(namespace, podgroup):
+                    claims.enqueue_pod(namespace, pod)
+
+            runtime.podgroups = PodGroupsController(cache, kube, CONFIG.podgroup_version, on_claim=members_record)
+            claims.podgroups = runtime.podgroups
+            runtime.add_loop(runtime.podgroups.queue, runtime.podgroups.reconcile)
     if "health" in CONFIG.controllers:
         runtime.health = HealthController(cache, kube, CONFIG.namespace, CONFIG.health)
         runtime.add_loop(runtime.health.slice_queue, runtime.health.marks.reconcile)
@@ -274,7 +366,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             runtime.health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
     if "reservations" in CONFIG.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
-                                                      else None)
+                                                      else None, podgroup_version=CONFIG.podgroup_version)
         runtime.add_loop(runtime.reservations.queue, runtime.reservations.reconcile)
     memo.runtime = runtime
     if CONFIG.election is None:
@@ -351,6 +443,27 @@ def records_crd_installed() -> bool:
                 return False
             raise
     return True
+
+
+def served_podgroup_version() -> str | None:
+    """The newest scheduling.k8s.io version under which the server serves PodGroups (discovery), or None.
+
+    Decided by what the server serves, not by its version: 1.36 serves v1alpha2 and 1.37 v1alpha3 and,
+    with --runtime-config, v1beta1 (upstream's controller uses v1beta1 there); none without the
+    GenericWorkload gate.
+    """
+    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    with sync_client.ApiClient(configuration) as api:
+        for version in podgroups.VERSIONS:
+            try:
+                resources = sync_client.CustomObjectsApi(api).get_api_resources(podgroups.GROUP, version)
+            except sync_client.ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            if any(r.name == podgroups.PLURAL for r in resources.resources or []):
+                return version
+    return None
 
 
 def server_version() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
+from .claims.podgroups import controlling_podgroup_uid
 from .podclaims import DeviceKey, allocated_devices, controlling_pod_uid
 
 Body = dict[str, Any]
@@ -70,6 +71,11 @@ class Cache:
         self._slices: IndexLike = indices.get("slices_by_name", {})
         self._records: IndexLike = indices.get("records_by_name", {})
         self._records_by_device: IndexLike = indices.get("records_by_device", {})
+        # Only indexed where the cluster serves PodGroups.
+        self._podgroups: IndexLike = indices.get("podgroups_by_name", {})
+        self._podgroups_by_template: IndexLike = indices.get("podgroups_by_template", {})
+        self._claims_by_podgroup: IndexLike = indices.get("claims_by_podgroup", {})
+        self._pods_by_podgroup: IndexLike = indices.get("pods_by_podgroup", {})
 
     def pod(self, namespace: str, name: str) -> Body | None:
         pod: Body | None = _one(self._pods, (namespace, name))
@@ -82,6 +88,26 @@ class Cache:
     def template(self, namespace: str, name: str) -> Body | None:
         template: Body | None = _one(self._templates, (namespace, name))
         return template
+
+    def podgroup(self, namespace: str, name: str) -> Body | None:
+        found: Body | None = _one(self._podgroups, (namespace, name))
+        return found
+
+    def podgroup_keys(self) -> list[Key]:
+        return [key for key in list(self._podgroups) if isinstance(key, tuple)]
+
+    def podgroups_using_template(self, namespace: str, template_name: str) -> list[str]:
+        return sorted(set(_all(self._podgroups_by_template, (namespace, template_name))))
+
+    def pods_in_podgroup(self, namespace: str, podgroup_name: str) -> list[str]:
+        """Pods (with claims) whose spec.schedulingGroup names the PodGroup."""
+        return sorted(set(_all(self._pods_by_podgroup, (namespace, podgroup_name))))
+
+    def claims_owned_by_podgroup(self, namespace: str, podgroup_uid: str) -> list[Body]:
+        """Claims in `namespace` whose controller ownerReference names the PodGroup UID."""
+        names = set(_all(self._claims_by_podgroup, (namespace, podgroup_uid)))
+        claims = [self.claim(namespace, name) for name in sorted(names)]
+        return [c for c in claims if c is not None and controlling_podgroup_uid(c) == podgroup_uid]
 
     def claims_owned_by(self, namespace: str, pod_uid: str) -> list[Body]:
         """Claims in `namespace` whose controller ownerReference names the pod UID.
@@ -173,7 +199,7 @@ class Cache:
         """Every indexed object by kind (stale ones included), for `staleness.prune_stale`."""
         return {"pods": _values(self._pods), "resourceclaims": _values(self._claims),
                 "resourceclaimtemplates": _values(self._templates), "resourceslices": _values(self._slices),
-                "unhealthydevices": _values(self._records)}
+                "unhealthydevices": _values(self._records), "podgroups": _values(self._podgroups)}
 
 
 class PodsView(Mapping[Key, Body]):

@@ -189,6 +189,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"claimwarden: cannot reach the Kubernetes API ({reason}); "
               "check --kubeconfig, $KUBECONFIG or the in-cluster service account", file=sys.stderr)
         return 1
+    app.CONFIG.podgroup_version = app.served_podgroup_version()
+    if app.CONFIG.podgroup_version is not None:
+        app.register_podgroup_handlers(app.CONFIG.podgroup_version)
     if "health" in args.controllers:
         if not app.records_crd_installed():
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "

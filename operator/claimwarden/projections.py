@@ -23,11 +23,12 @@ def _meta(body: Mapping[str, Any], *extra: str) -> Body:
 def pod(body: Mapping[str, Any]) -> Body:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
+    group = {"schedulingGroup": copy.deepcopy(spec["schedulingGroup"])} if spec.get("schedulingGroup") else {}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": _meta(body),
         "spec": {"nodeName": spec.get("nodeName"),
-                 "resourceClaims": copy.deepcopy(spec.get("resourceClaims") or [])},
+                 "resourceClaims": copy.deepcopy(spec.get("resourceClaims") or []), **group},
         "status": {"phase": status.get("phase"),
                    "resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])},
     }
@@ -70,6 +71,15 @@ def _request_tolerations(requests: list[Any]) -> list[Body]:
 def template(body: Mapping[str, Any]) -> Body:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": _meta(body), "spec": copy.deepcopy(dict(body.get("spec") or {}))}
+
+
+def podgroup(body: Mapping[str, Any]) -> Body:
+    """Only what PodGroup claims need: the claim entries and their statuses."""
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    return {"apiVersion": body.get("apiVersion"), "kind": "PodGroup", "metadata": _meta(body, "finalizers"),
+            "spec": {"resourceClaims": copy.deepcopy(spec.get("resourceClaims") or [])},
+            "status": {"resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])}}
 
 
 def resource_slice(body: Mapping[str, Any]) -> Body:

@@ -24,6 +24,7 @@ from kopf._core.reactor.inventory import ResourceMemories
 from . import staleness
 from .cache import Cache
 from .claims.controller import ClaimsController
+from .claims.podgroup_controller import PodGroupsController
 from .health.controller import HealthController
 from .kube.api import Kube
 from .leader.elector import Elector
@@ -54,6 +55,7 @@ class Runtime:
     resync_seconds: float
     kopf_state: KopfState | None = None  # None only in tests that start no Kopf
     claims: ClaimsController | None = None
+    podgroups: PodGroupsController | None = None  # only where the cluster serves PodGroups
     reservations: ReservationsController | None = None
     health: HealthController | None = None
     elector: Elector | None = None
@@ -86,6 +88,9 @@ class Runtime:
         if self.claims:
             for key in self.cache.pod_keys():
                 self.claims.enqueue_pod(*key)
+        if self.podgroups:
+            for key in self.cache.podgroup_keys():
+                self.podgroups.enqueue(*key)
         if self.health:
             for name in self.cache.resource_slice_names():
                 self.health.enqueue_slice(name)
@@ -107,6 +112,8 @@ class Runtime:
                     for gone in await staleness.prune_stale(self.kube, self.cache, forget):
                         if self.claims and gone.get("kind") == "Pod":
                             self.claims.forget_pod(gone["metadata"].get("uid", ""))
+                        if self.podgroups and gone.get("kind") == "PodGroup":
+                            self.podgroups.forget(gone["metadata"].get("uid", ""))
                 except Exception as exc:
                     log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
             self.enqueue_all()

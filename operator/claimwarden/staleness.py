@@ -55,7 +55,8 @@ async def prune_stale(kube: Kube, cache: Cache, forget: Callable[[Body], Awaitab
     for name, objects in cache.indexed().items():
         if not objects:
             continue
-        kind = KINDS[name]
+        # PodGroups are watched at whichever version the server serves; their projection keeps it.
+        kind = KINDS.get(name) or Kind(f"/apis/{objects[0].get('apiVersion')}", name, namespaced=True)
         live = await kube.list_uids(kind.api, kind.plural)
         for obj in missing_from(objects, live):
             meta = metadata(obj)

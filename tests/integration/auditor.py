@@ -331,12 +331,19 @@ def _items(api: client.ApiClient, path: str, kind: str) -> list[Object]:
     return list(items)
 
 
+def _taint_rules(api: client.ApiClient) -> list[Object]:
+    from .helpers import taint_rule_version
+
+    version = taint_rule_version(api)
+    return _items(api, f"/apis/resource.k8s.io/{version}/devicetaintrules", "DeviceTaintRule") if version else []
+
+
 def read_objects(api: client.ApiClient) -> Objects:
     return Objects(
         claims=_items(api, "/apis/resource.k8s.io/v1/resourceclaims", "ResourceClaim"),
         records=_items(api, "/apis/claimwarden.io/v1alpha1/unhealthydevices", "UnhealthyDevice"),
         slices=_items(api, "/apis/resource.k8s.io/v1/resourceslices", "ResourceSlice"),
-        taint_rules=_items(api, "/apis/resource.k8s.io/v1alpha3/devicetaintrules", "DeviceTaintRule"),
+        taint_rules=_taint_rules(api),
         pods=_items(api, "/api/v1/pods", "Pod"))
 
 

@@ -28,6 +28,8 @@ from claimwarden.plugin.cel import Evaluator
 from claimwarden.plugin.funnel import explain_pod
 from claimwarden.plugin.read import Cluster
 
+from .helpers import taint_rule_version
+
 DRIVER = "gpu.example.com"
 GATE = "claimwarden.io/differential"
 QUARANTINE_NAMESPACE = "claimwarden-system"
@@ -288,7 +290,7 @@ class Background:
     rules: list[str]
 
 
-def prepare(api: client.ApiClient, taint_rule_version: str = "v1alpha3") -> Background:
+def prepare(api: client.ApiClient, taint_rule_version: str) -> Background:
     """The shared state every scenario runs against (see the module docstring)."""
     core, custom = client.CoreV1Api(api), _custom(api)
     namespace = f"differential-{uuid.uuid4().hex[:5]}"
@@ -323,7 +325,7 @@ def prepare(api: client.ApiClient, taint_rule_version: str = "v1alpha3") -> Back
     return Background(namespace, name, rules)
 
 
-def teardown(api: client.ApiClient, background: Background, taint_rule_version: str = "v1alpha3") -> None:
+def teardown(api: client.ApiClient, background: Background, taint_rule_version: str) -> None:
     custom = _custom(api)
     release(api, background.namespace, "holder", ["holder"])
     release(api, QUARANTINE_NAMESPACE, "-", [background.quarantine_claim])
@@ -388,7 +390,9 @@ def run_one(api: client.ApiClient, cluster: Cluster, namespace: str, scenario: S
 
 def run_all(api: client.ApiClient, kubeconfig: str, *, say: Callable[[str], None] = print,
             only: Callable[[Scenario], bool] = lambda s: True) -> list[Outcome]:
-    background = prepare(api)
+    version = taint_rule_version(api)
+    assert version, "the differential lab must serve DeviceTaintRule (lab preset device-taints)"
+    background = prepare(api, version)
     cluster = Cluster(kubeconfig=kubeconfig, context=None)
     evaluator = Evaluator()
     outcomes = []
@@ -400,7 +404,7 @@ def run_all(api: client.ApiClient, kubeconfig: str, *, say: Callable[[str], None
             wait_claims_gone(api, background.namespace, {"holder"})
     finally:
         cluster.close()
-        teardown(api, background)
+        teardown(api, background, version)
     return outcomes
 
 

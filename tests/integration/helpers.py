@@ -26,6 +26,23 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, in
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+
+
+def taint_rule_version(api: client.ApiClient) -> str | None:
+    """The newest resource.k8s.io version that serves DeviceTaintRule in this lab (discovery), or None."""
+    for version in TAINT_RULE_VERSIONS:
+        try:
+            resources = client.CustomObjectsApi(api).get_api_resources("resource.k8s.io", version).resources
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        if any(r.name == "devicetaintrules" for r in resources):
+            return version
+    return None
+
+
 def delete_namespace(api: client.ApiClient, name: str) -> None:
     try:
         client.CoreV1Api(api).delete_namespace(name)

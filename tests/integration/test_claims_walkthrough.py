@@ -102,6 +102,8 @@ def test_experiment_4_deleting_pods_frees_standalone_and_deletes_generated_claim
     wait_for("generated claim deleted and standalone claim pending", settled, 60)
     claim = resource.read_namespaced_resource_claim("shared-gpu", namespace)
     assert claim.status.allocation is None and not claim.status.reserved_for
-    assert "resource.kubernetes.io/delete-protection" not in (claim.metadata.finalizers or [])
+    # The finalizer goes in a second write after the status one (as upstream's controller does it).
+    wait_for("the delete-protection finalizer removed", lambda: "resource.kubernetes.io/delete-protection" not in (
+        resource.read_namespaced_resource_claim("shared-gpu", namespace).metadata.finalizers or []), 10)
     assert [t.metadata.name for t in resource.list_namespaced_resource_claim_template(namespace).items] == [
         "single-gpu"]

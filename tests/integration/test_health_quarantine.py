@@ -14,24 +14,30 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from claimwarden_lab.binaries import resolve_version
 from claimwarden_lab.cluster import LabState
 
-from .conftest import extra_lab, service_account_kubeconfig
+from .conftest import extra_lab, lab_kubernetes, service_account_kubeconfig
 from .health_helpers import device_of, holders, mark, unmark, wait_gone
-from .helpers import pod_with_claims, template, wait_for
+from .helpers import pod_with_claims, taint_rule_version, template, wait_for
 from .operator import Operator
 
 TEMPLATE_CLAIM = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
 LABS = {
     "quarantine-claim": {},
-    "quarantine-claim-and-taint-rule": {"runtime_config": "resource.k8s.io/v1alpha3=true",
-                                        "feature_gates": "DRADeviceTaints=true"},
+    "quarantine-claim-and-taint-rule": {"presets": "device-taints"},
 }
+NO_TAINT_RULES_FROM_1_37 = {"feature_gates": "DRADeviceTaintRules=false",
+                            "runtime_config": "resource.k8s.io/v1/devicetaintrules=false"}
+"""DeviceTaintRule is GA and served by default from 1.37: the lab without it turns it off explicitly."""
 
 
 @pytest.fixture(scope="module", params=list(LABS))
 def small_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
-    with extra_lab(tmp_path_factory, nodes=2, gpus_per_node=3, **LABS[request.param]) as state:
+    options = LABS[request.param]
+    if not options and int(resolve_version(lab_kubernetes()).split(".")[1]) >= 37:
+        options = NO_TAINT_RULES_FROM_1_37
+    with extra_lab(tmp_path_factory, nodes=2, gpus_per_node=3, **options) as state:
         yield state
 
 
@@ -53,8 +59,9 @@ def _users(api: client.ApiClient, pool: str, device: str) -> list[str]:
 
 
 def _taint_rules(api: client.ApiClient) -> list[dict[str, Any]]:
-    listing = client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1alpha3",
-                                                                      "devicetaintrules")
+    version = taint_rule_version(api)
+    assert version, "DeviceTaintRule is not served"
+    listing = client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", version, "devicetaintrules")
     return list(listing["items"])
 
 
@@ -68,7 +75,8 @@ def test_marked_devices_are_never_given_out_until_cleared(small_lab: LabState,
     log = tmp_path_factory.mktemp("quarantine") / "claimwarden.log"
     operator = Operator(service_account_kubeconfig(small_lab), log)
     operator.start()
-    taint_rules = bool(small_lab.options.get("runtime_config"))
+    taint_rules = taint_rule_version(api) is not None
+    assert taint_rules == ("device-taints" in small_lab.options.get("presets", "")), "the lab serves what it was asked"
     try:
         # A device marked before anyone uses it.
         mark(api, "kwok-node-0", "gpu-2", "marked while free")
@@ -125,7 +133,8 @@ def test_a_taint_rule_without_a_selector_is_counted_for_the_alert(small_lab: Lab
     operator.start()
     gauge = "\nclaimwarden_device_taint_rules_unselective "
     try:
-        if not small_lab.options.get("runtime_config"):
+        version = taint_rule_version(api)
+        if version is None:
             time.sleep(2)
             assert gauge not in operator.metrics(), "no DeviceTaintRule API, no series"
             return
@@ -133,14 +142,14 @@ def test_a_taint_rule_without_a_selector_is_counted_for_the_alert(small_lab: Lab
         rules = client.CustomObjectsApi(api)
         for name, spec in (("no-selector", {}), ("empty-selector", {"deviceSelector": {}}),
                            ("one-driver", {"deviceSelector": {"driver": "gpu.example.com"}})):
-            rules.create_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", {
-                "apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceTaintRule", "metadata": {"name": name},
+            rules.create_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", {
+                "apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule", "metadata": {"name": name},
                 "spec": {**spec, "taint": {"key": "example.com/broken", "effect": "NoSchedule"}}})
         try:
             wait_for("the gauge at 2", lambda: f"{gauge}2.0" in operator.metrics(), 40)
         finally:
             for name in ("no-selector", "empty-selector", "one-driver"):
-                rules.delete_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", name)
+                rules.delete_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", name)
         wait_for("the gauge back at 0", lambda: f"{gauge}0.0" in operator.metrics(), 40)
     finally:
         assert operator.stop() in (None, 0)

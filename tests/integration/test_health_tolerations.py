@@ -24,8 +24,7 @@ from .operator import Operator
 
 @pytest.fixture(scope="module")
 def taint_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
-    with extra_lab(tmp_path_factory, nodes=1, gpus_per_node=4, runtime_config="resource.k8s.io/v1alpha3=true",
-                   feature_gates="DRADeviceTaints=true") as state:
+    with extra_lab(tmp_path_factory, nodes=1, gpus_per_node=4, presets="device-taints") as state:
         yield state
 
 

@@ -75,6 +75,29 @@ def test_the_service_account_gets_exactly_what_it_needs(lab: LabState, verb: str
     assert answer.stdout.strip() == ("yes" if allowed else "no"), answer.stdout + answer.stderr
 
 
+@pytest.mark.parametrize(("verb", "resource", "subresource", "allowed"), [
+    ("get", "podgroups", "", True),
+    ("list", "podgroups", "", True),
+    ("watch", "podgroups", "", True),
+    ("patch", "podgroups", "status", True),
+    ("patch", "podgroups", "", False),
+    ("update", "podgroups", "finalizers", False),
+    ("delete", "podgroups", "", False),
+    ("create", "podgroups", "", False),
+])
+def test_the_service_account_may_read_podgroups_and_write_only_their_status(
+        api: client.ApiClient, verb: str, resource: str, subresource: str, allowed: bool) -> None:
+    """Asked of the authorizer directly (a SubjectAccessReview): `kubectl auth can-i` answers "no" for a
+    resource the server does not serve, and the suite's lab may run a version without PodGroups."""
+    review = client.AuthorizationV1Api(api).create_subject_access_review(body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": SA, "groups": ["system:serviceaccounts", "system:serviceaccounts:claimwarden-system",
+                                        "system:authenticated"],
+                 "resourceAttributes": {"group": "scheduling.k8s.io", "resource": resource,
+                                        "subresource": subresource, "verb": verb, "namespace": "any"}}})
+    assert review.status.allowed is allowed, review.status
+
+
 @pytest.mark.parametrize(("verb", "where", "allowed"), [
     ("update", ["leases/claimwarden", "-n", "claimwarden-system"], True),
     ("get", ["leases/claimwarden", "-n", "claimwarden-system"], True),

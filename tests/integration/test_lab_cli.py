@@ -12,9 +12,10 @@ from pathlib import Path
 
 from kubernetes import client
 
-from claimwarden_lab import cluster
+from claimwarden_lab import binaries, cluster
 from claimwarden_lab.processes import free_port, is_running
 
+from .conftest import lab_kubernetes
 from .helpers import wait_for
 from .operator import fetch
 
@@ -26,9 +27,14 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 
 def test_kubectl_reports_the_real_server_version(lab: cluster.LabState) -> None:
+    """Each version's binaries are stamped with their real version (bins/build.sh), and the lab runs the one asked."""
     out = subprocess.run([f"{lab.bin_dir}/kubectl", f"--kubeconfig={lab.kubeconfig}", "version", "-o", "json"],
                          capture_output=True, text=True, check=True).stdout
-    assert json.loads(out)["serverVersion"]["gitVersion"] == "v1.34.4"
+    wanted = f"v{binaries.resolve_version(lab_kubernetes())}"
+    versions = json.loads(out)
+    assert versions["serverVersion"]["gitVersion"] == wanted
+    assert versions["clientVersion"]["gitVersion"] == wanted
+    assert lab.options["kubernetes"] == wanted[1:]
 
 
 def test_lab_publishes_nodes_device_class_and_slices(api: client.ApiClient) -> None:
@@ -116,7 +122,8 @@ def test_run_connects_serves_liveness_and_metrics_and_exits_on_sigterm(lab: clus
         assert '"version"' in health
         exposition = wait_for("metrics endpoint", lambda: fetch(f"http://127.0.0.1:{metrics}/metrics"), 30)
         assert "claimwarden_build_info{" in exposition
-        assert "connected to Kubernetes v1.34.4" in (tmp_path / "run.log").read_text()
+        wanted = binaries.resolve_version(lab_kubernetes())
+        assert f"connected to Kubernetes v{wanted}" in (tmp_path / "run.log").read_text()
 
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ MIN_SCENARIOS = 60
 def test_explain_agrees_with_kube_scheduler(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert len(scenarios()) >= MIN_SCENARIOS
     with extra_lab(tmp_path_factory, nodes=3, gpus_per_node=8, models="H100,A100,L4",
-                   feature_gates="DRADeviceTaints=true", runtime_config="resource.k8s.io/v1alpha3=true") as lab, \
+                   presets="device-taints") as lab, \
             config.new_client_from_config(config_file=str(lab.kubeconfig)) as api:
         outcomes = run_all(api, str(lab.kubeconfig))
     agreed = [o for o in outcomes if o.agrees]

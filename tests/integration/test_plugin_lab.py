@@ -1,8 +1,9 @@
 """`kubectl claimwarden` against a lab: doctor finds every planted condition; the verbs, their exit
 codes and one-line errors; mark and clear write the documented record; kubectl finds the plugin.
 
-One lab of its own (2 nodes x 4 GPUs, DeviceTaintRule served as v1alpha3 with the DRADeviceTaints
-gate, as on 1.34) so that a DeviceTaintRule that selects everything can be planted safely.
+One lab of its own (2 nodes x 4 GPUs, DeviceTaintRule served: the lab's device-taints preset, v1alpha3
+with the DRADeviceTaints gate on 1.34, v1 on 1.37) so that a DeviceTaintRule that selects everything
+can be planted safely.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab
 from .differential import QUARANTINE_NAMESPACE, decision, release
-from .helpers import wait_for
+from .helpers import taint_rule_version, wait_for
 
 PLUGIN = Path(sys.executable).parent / "kubectl-claimwarden"
 DRIVER = "gpu.example.com"
@@ -38,8 +39,7 @@ def run(lab: LabState, verb: str, *args: str) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="module")
 def plugin_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabState, client.ApiClient]]:
-    with extra_lab(tmp_path_factory, nodes=2, gpus_per_node=4, feature_gates="DRADeviceTaints=true",
-                   runtime_config="resource.k8s.io/v1alpha3=true") as lab, \
+    with extra_lab(tmp_path_factory, nodes=2, gpus_per_node=4, presets="device-taints") as lab, \
             config.new_client_from_config(config_file=str(lab.kubeconfig)) as api:
         yield lab, api
 
@@ -88,6 +88,8 @@ def test_doctor_finds_every_planted_condition(plugin_lab: tuple[LabState, client
     rule = f"select-all-{uuid.uuid4().hex[:5]}"
     ghost_record = f"ghost-{uuid.uuid4().hex[:5]}"
     busy_node = ""
+    rule_version = taint_rule_version(api)
+    assert rule_version, "the plugin lab must serve DeviceTaintRule (preset device-taints)"
     try:
         # a running pod on kwok-node-0/gpu-0, then its device is marked NoExecute (claimwarden is not running)
         create_claim(_claim("busy", selectors=['device.attributes["gpu.example.com"].index == 0']))
@@ -120,8 +122,8 @@ def test_doctor_finds_every_planted_condition(plugin_lab: tuple[LabState, client
         core.create_namespaced_pod(ns, _pod("waiting", ["b100"]))
         assert not decision(api, ns, "waiting")[0]
         # a DeviceTaintRule whose empty selector taints every device (NoSchedule: it evicts nobody)
-        custom.create_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", {
-            "apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceTaintRule", "metadata": {"name": rule},
+        custom.create_cluster_custom_object("resource.k8s.io", rule_version, "devicetaintrules", {
+            "apiVersion": f"resource.k8s.io/{rule_version}", "kind": "DeviceTaintRule", "metadata": {"name": rule},
             "spec": {"deviceSelector": {}, "taint": {"key": "example.com/oops", "effect": "NoSchedule"}}})
         # a record of a device no slice publishes
         custom.create_cluster_custom_object(*RECORDS, {
@@ -154,8 +156,8 @@ def test_doctor_finds_every_planted_condition(plugin_lab: tuple[LabState, client
         if busy_node:
             cleared = run(lab, "clear", f"{busy_node}/gpu-0")
             assert cleared.returncode == 0, cleared.stderr
-        for delete in (lambda: custom.delete_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules",
-                                                                   rule),
+        for delete in (lambda: custom.delete_cluster_custom_object("resource.k8s.io", rule_version,
+                                                                   "devicetaintrules", rule),
                        lambda: custom.delete_cluster_custom_object(*RECORDS, ghost_record)):
             try:
                 delete()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
@@ -22,6 +22,10 @@ from ..podclaims import (
 )
 from ..workqueue import Retry, WorkQueue
 from . import plan
+from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
+
+if TYPE_CHECKING:
+    from .podgroup_controller import PodGroupsController
 
 log = logging.getLogger("claimwarden.claims")
 
@@ -38,9 +42,12 @@ class ClaimRetry(Retry):
 
 
 class ClaimsController:
-    def __init__(self, cache: Cache, kube: Kube) -> None:
+    def __init__(self, cache: Cache, kube: Kube, podgroups: PodGroupsController | None = None) -> None:
         self.cache = cache
         self.kube = kube
+        # Where the cluster serves PodGroups, their controller (the claims they control, the served
+        # version); None where it does not, and pods are planned as before.
+        self.podgroups = podgroups
         self.queue = WorkQueue(NAME)
         # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
         self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
@@ -89,7 +96,7 @@ class ClaimsController:
                 if template is not None:
                     templates[template_name] = template
 
-        pod_plan = plan.plan_pod(pod, claims, owned, templates)
+        pod_plan = plan.plan_pod(pod, claims, owned, templates, group=await self._group_view(pod))
         failures: list[str] = []
         recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
         for create in pod_plan.create:
@@ -112,13 +119,28 @@ class ClaimsController:
                          ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
         failures += [f"PodResourceClaim {p.pod_claim_name}: {p.message}" for p in pod_plan.problems]
         for reserve in pod_plan.reserve:
-            await self._reserve(pod, reserve.claim_name)
+            await self._reserve(pod, reserve.claim_name, reserve.consumer)
         if plan.duplicate_claims(pod, owned):
             await self._delete_duplicates(namespace, name, owned, set(recorded.values()))
         if failures:
             for message in failures:
                 await self._warn(pod, message)
             raise ClaimRetry("; ".join(failures))
+
+    async def _group_view(self, pod: Body) -> GroupView | None:
+        name = podgroup_name_of(pod)
+        if self.podgroups is None or name is None:
+            return None
+        namespace = pod["metadata"]["namespace"]
+        podgroup = self.cache.podgroup(namespace, name)
+        if podgroup is None:
+            # Not in the cache: confirm before telling the user it is missing (it may be too new, or
+            # the PodGroup watch still listing at start-up).
+            podgroup = await self.kube.get_podgroup(self.podgroups.version, namespace, name)
+        if podgroup is None:
+            return GroupView(name, None)
+        owned = self.podgroups.owned_claims(namespace, podgroup["metadata"].get("uid", ""))
+        return GroupView(name, podgroup, tuple(owned))
 
     def _owned_claims(self, namespace: str, pod_uid: str) -> list[Body]:
         now = time.monotonic()
@@ -145,23 +167,27 @@ class ClaimsController:
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))
         return created
 
-    async def _reserve(self, pod: Body, claim_name: str) -> None:
-        """Reserve an allocated claim for a pod that was bound without the scheduler (fresh read first)."""
+    async def _reserve(self, pod: Body, claim_name: str, consumer: dict[str, str] | None = None) -> None:
+        """Reserve an allocated claim for a pod that was bound without the scheduler (fresh read first),
+        or for its PodGroup (`consumer`) when the pod shares the claim through the group."""
         namespace, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
         claim = await self.kube.get_claim(namespace, claim_name)
         if claim is None or not is_allocated(claim) or is_being_deleted(claim) or is_reserved_for(claim, uid):
             return
+        if consumer is not None and is_reserved_for_group_of(claim, pod):
+            return
         reserved = (claim.get("status") or {}).get("reservedFor") or []
         if len(reserved) >= RESERVED_FOR_MAX:
             return
-        entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": uid}
+        entry: dict[str, str] = consumer or {"resource": "pods", "name": pod["metadata"]["name"], "uid": uid}
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                       "value": claim["metadata"]["resourceVersion"]}]
         ops.append({"op": "add", "path": "/status/reservedFor/-", "value": entry} if reserved else
                    {"op": "add", "path": "/status/reservedFor", "value": [entry]})
         await self.kube.patch_claim_status(namespace, claim_name, ops)
         metrics.RESERVATIONS_ADDED.inc()
-        log.info("claim %s/%s: reserved for pre-bound pod %s", namespace, claim_name, pod["metadata"]["name"])
+        log.info("claim %s/%s: reserved for pre-bound pod %s%s", namespace, claim_name, pod["metadata"]["name"],
+                 f" (its PodGroup {entry['name']})" if consumer else "")
 
     async def _delete_duplicates(self, namespace: str, name: str, owned: list[Body], keep: set[str]) -> None:
         """Second claims for one pod claim (another controller raced us) are removed while unused.

@@ -2,7 +2,8 @@
 
 Follows upstream's resourceclaim controller (pod sync), with two differences: every pod claim is
 handled even when an earlier one has a problem, and a missing claim does not stop the reservation
-of the pod's other claims.
+of the pod's other claims. A pod claim that binds to the pod's PodGroup uses the group's claim
+(podgroups.py): it is never generated per pod, only recorded once the group has it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from claimwarden.podclaims import (
     reserved_for,
     resolve_claim_names,
     spec,
+)
+
+from .podgroups import (
+    GroupView,
+    group_claim_for,
+    group_entry_for,
+    is_for_group_of,
+    is_reserved_for_group_of,
+    missing_podgroup_message,
+    podgroup_reservation,
 )
 
 
@@ -58,9 +69,11 @@ class ClaimProblem:
 
 @dataclass(frozen=True)
 class ReserveClaim:
-    """Add the (scheduled) pod to the claim's status.reservedFor."""
+    """Add the (scheduled) pod to the claim's status.reservedFor, or its PodGroup when `consumer` says so."""
 
     claim_name: str
+    consumer: dict[str, str] | None = None
+    """None: the pod itself; else the reservedFor entry to add (the PodGroup's)."""
 
 
 @dataclass(frozen=True)
@@ -131,11 +144,13 @@ def plan_pod(
     claims: Mapping[str, dict[str, Any]],
     owned_claims: Sequence[dict[str, Any]],
     templates: Mapping[str, dict[str, Any]],
+    group: GroupView | None = None,
 ) -> PodPlan:
     """Decide which claims to create, adopt and reserve for `pod`.
 
     `claims`: claim name → claim in the pod's namespace; `owned_claims`: claims controlled by the
-    pod's UID; `templates`: template name → template in the pod's namespace.
+    pod's UID; `templates`: template name → template in the pod's namespace; `group`: the pod's
+    PodGroup where the cluster serves PodGroups and the pod names one, else None.
     """
     if is_being_deleted(pod) or is_pod_done(pod):
         return PodPlan()
@@ -145,12 +160,19 @@ def plan_pod(
     generations: list[Generation] = []
     adopted: dict[str, dict[str, Any]] = {}
     for entry, claim in zip(entries, resolved, strict=True):
+        if group is not None:
+            generation, adoptee = _plan_group_generation(entry, claim, pod, group, claims)
+            # A missing PodGroup holds back every claim of the pod, as upstream's failing sync does.
+            if generation is not None or adoptee is not None or group.podgroup is None \
+                    or _binds_to_group(entry, group):
+                _collect(generations, adopted, claim, generation, adoptee)
+                continue
         generation, adoptee = _plan_generation(entry, claim, uid, claims, owned_claims, templates)
         if generation is not None:
             generations.append(generation)
         if adoptee is not None:
             adopted[claim.pod_claim_name] = adoptee
-    reserve = _plan_reservations(pod, resolved, claims, adopted) if spec(pod).get("nodeName") else ()
+    reserve = _plan_reservations(pod, resolved, claims, adopted, group) if spec(pod).get("nodeName") else ()
     return PodPlan(
         create=tuple(g for g in generations if isinstance(g, CreateClaim)),
         record=tuple(g for g in generations if isinstance(g, RecordClaim)),
@@ -182,6 +204,48 @@ def _plan_generation(
     if template_name not in templates:
         return ClaimProblem(resolved.pod_claim_name, missing_template_message(template_name)), None
     return CreateClaim(resolved.pod_claim_name, template_name), None
+
+
+def _collect(generations: list[Generation], adopted: dict[str, dict[str, Any]], claim: ResolvedClaim,
+             generation: Generation | None, adoptee: dict[str, Any] | None) -> None:
+    if generation is not None:
+        generations.append(generation)
+    if adoptee is not None:
+        adopted[claim.pod_claim_name] = adoptee
+
+
+def _binds_to_group(entry: dict[str, Any], group: GroupView) -> bool:
+    return group.podgroup is not None and group_entry_for(group.podgroup, entry) is not None
+
+
+def _plan_group_generation(
+    entry: dict[str, Any],
+    resolved: ResolvedClaim,
+    pod: dict[str, Any],
+    group: GroupView,
+    claims: Mapping[str, dict[str, Any]],
+) -> tuple[Generation | None, dict[str, Any] | None]:
+    """A pod claim of a pod in a PodGroup: wait for the group, record the group's claim, or (None, None).
+
+    (None, None) for an entry that does not bind to the group means "plan it as a per-pod claim".
+    """
+    if not resolved.from_template or not resolved.needed:
+        return None, None
+    if group.podgroup is None:
+        # Upstream waits for the PodGroup (its sync fails and is retried) and creates nothing per pod.
+        if resolved.claim_name is None:
+            return ClaimProblem(resolved.pod_claim_name, missing_podgroup_message(group.name)), None
+        return None, None
+    if group_entry_for(group.podgroup, entry) is None:
+        return None, None
+    current = claims.get(resolved.claim_name) if resolved.claim_name else None
+    if current is not None and is_for_group_of(current, pod):
+        return None, None
+    group_claim = group_claim_for(group.owned_claims, str(metadata(group.podgroup).get("uid") or ""),
+                                  resolved.pod_claim_name)
+    if group_claim is None:
+        return None, None  # the PodGroup's sync creates it; its claim event brings the pod back here
+    return RecordClaim(resolved.pod_claim_name, str(metadata(group_claim).get("name"))), group_claim
 
 
 def _has_usable_generated_claim(resolved: ResolvedClaim, uid: str, claims: Mapping[str, dict[str, Any]]) -> bool:
@@ -227,18 +291,42 @@ def _plan_reservations(
     resolved: Sequence[ResolvedClaim],
     claims: Mapping[str, dict[str, Any]],
     adopted: Mapping[str, dict[str, Any]],
+    group: GroupView | None = None,
 ) -> tuple[ReserveClaim, ...]:
-    """Claims of a scheduled pod that are allocated but not yet reserved for it."""
+    """Claims of a scheduled pod that are allocated but not yet reserved for it (or for its PodGroup,
+    for a claim the pod shares through the group: upstream's BindTo)."""
     uid = pod_uid(pod)
-    names: list[str] = []
+    entries = {str(e.get("name") or ""): e for e in spec(pod).get("resourceClaims") or []}
+    reserve: dict[str, ReserveClaim] = {}
     for entry in resolved:
         claim = adopted.get(entry.pod_claim_name) or _known_claim(entry, claims)
-        if claim is None or not _can_reserve(claim, entry, uid):
+        if claim is None:
             continue
+        bound = group is not None and group.podgroup is not None \
+            and group_entry_for(group.podgroup, entries.get(entry.pod_claim_name) or {}) is not None
+        if bound and group is not None and group.podgroup is not None:
+            if not _can_reserve_for_group(claim, entry, pod):
+                continue
+            consumer: dict[str, str] | None = podgroup_reservation(group.podgroup)
+        elif not _can_reserve(claim, entry, uid) or (group is not None and is_reserved_for_group_of(claim, pod)):
+            continue
+        else:
+            consumer = None
         name = str(metadata(claim).get("name"))
-        if name not in names:
-            names.append(name)
-    return tuple(ReserveClaim(name) for name in names)
+        reserve.setdefault(name, ReserveClaim(name, consumer))
+    return tuple(reserve.values())
+
+
+def _can_reserve_for_group(claim: dict[str, Any], entry: ResolvedClaim, pod: dict[str, Any]) -> bool:
+    if entry.from_template and not is_for_group_of(claim, pod):
+        return False
+    return (
+        is_allocated(claim)
+        and not is_reserved_for(claim, pod_uid(pod))
+        and not is_reserved_for_group_of(claim, pod)
+        and not is_being_deleted(claim)
+        and len(reserved_for(claim)) < RESERVED_FOR_MAX
+    )
 
 
 def _known_claim(entry: ResolvedClaim, claims: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -204,6 +204,21 @@ class Kube:
         return await self._must("PATCH", _path(CORE, namespace, "pods", name, "status"), body,
                                 query={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
 
+    # --- PodGroups (scheduling.k8s.io, at the version the server serves) ----------------------
+
+    async def get_podgroup(self, version: str, namespace: str, name: str) -> Body | None:
+        return await self.request("GET", _path(f"/apis/scheduling.k8s.io/{version}", namespace, "podgroups", name),
+                                  allow_missing=True)
+
+    async def apply_podgroup_claim_statuses(self, version: str, namespace: str, name: str,
+                                            entries: list[dict[str, str]]) -> Body:
+        """Server-side apply of only the given ``status.resourceClaimStatuses`` entries (a map list)."""
+        body = {"apiVersion": f"scheduling.k8s.io/{version}", "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": namespace}, "status": {"resourceClaimStatuses": entries}}
+        return await self._must("PATCH", _path(f"/apis/scheduling.k8s.io/{version}", namespace, "podgroups", name,
+                                               "status"), body,
+                                query={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+
     # --- resource claims --------------------------------------------------------------------
 
     async def get_claim(self, namespace: str, name: str) -> Body | None:

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
+from ..claims.podgroups import is_podgroup_reservation, podgroup_view
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..podclaims import (
@@ -32,9 +33,12 @@ NEAR_LIMIT_REASON = "ReservationsNearLimit"
 
 
 class ReservationsController:
-    def __init__(self, cache: Cache, kube: Kube, quarantined: Callable[[Body], bool] | None = None) -> None:
+    def __init__(self, cache: Cache, kube: Kube, quarantined: Callable[[Body], bool] | None = None,
+                 podgroup_version: str | None = None) -> None:
         self.cache = cache
         self.kube = kube
+        # The served PodGroup version, or None where the cluster serves no PodGroups (their entries are kept).
+        self.podgroup_version = podgroup_version
         self._quarantined = quarantined or (lambda _claim: False)
         self.queue = WorkQueue(NAME)
         self._warned_near_limit: set[str] = set()
@@ -56,16 +60,19 @@ class ReservationsController:
         fresh = await self.kube.get_claim(namespace, name)
         if fresh is None:
             return
-        live = {entry["name"] for entry in claim_plan.drop}
+        live = {entry["name"] for entry in claim_plan.drop if is_pod_reservation(entry)}
+        live_groups = {entry["name"] for entry in claim_plan.drop if is_podgroup_reservation(entry)}
         owner_ref = controlling_pod_ref(cached)
         if claim_plan.delete_claim and owner_ref is not None:
             live.add(owner_ref["name"])
-        claim_plan = await self._plan(fresh, live=live)
+        claim_plan = await self._plan(fresh, live=live, live_groups=live_groups)
         if _destructive(claim_plan):
             await self._apply(fresh, claim_plan)
 
-    async def _plan(self, claim: Body, live: set[str] | frozenset[str] = frozenset()) -> plan.ClaimPlan:
-        """The plan from cached pods, except those named in `live`, which are read from the API."""
+    async def _plan(self, claim: Body, live: set[str] | frozenset[str] = frozenset(),
+                    live_groups: set[str] | frozenset[str] = frozenset()) -> plan.ClaimPlan:
+        """The plan from cached pods and PodGroups, except those named in `live`/`live_groups`, which are
+        read from the API."""
         namespace = claim["metadata"]["namespace"]
         pods: dict[str, dict[str, Any] | None] = {}
         for entry in reserved_for(claim):
@@ -78,7 +85,21 @@ class ReservationsController:
             owner = pods.get(owner_name) if owner_name in pods else plan.pod_view(
                 await self.kube.get_pod(namespace, owner_name) if owner_name in live
                 else self.cache.pod(namespace, owner_name))
-        return plan.plan_claim(claim, pods, owner)
+        podgroups = None
+        if self.podgroup_version is not None:
+            podgroups = {}
+            for entry in reserved_for(claim):
+                if is_podgroup_reservation(entry):
+                    podgroups[entry["name"]] = await self._podgroup_view(namespace, entry["name"],
+                                                                         entry["name"] in live_groups)
+        return plan.plan_claim(claim, pods, owner, podgroups=podgroups)
+
+    async def _podgroup_view(self, namespace: str, name: str, live: bool) -> dict[str, Any] | None:
+        """From the cache, or a live GET when asked to or when the cache does not have it (it may be too new)."""
+        podgroup = None if live else self.cache.podgroup(namespace, name)
+        if podgroup is None and self.podgroup_version is not None:
+            podgroup = await self.kube.get_podgroup(self.podgroup_version, namespace, name)
+        return podgroup_view(podgroup)
 
     async def _pod_view(self, namespace: str, name: str, live: bool) -> dict[str, Any] | None:
         """From the cache, or a live GET when asked to or when the cache does not have it."""
@@ -110,7 +131,8 @@ class ReservationsController:
             if claim_plan.deallocate:
                 metrics.DEALLOCATIONS.inc()
             log.info("claim %s/%s: removed reservations for %s%s", namespace, name,
-                     ", ".join(e.get("name", "?") for e in claim_plan.drop) or "nobody",
+                     ", ".join(("PodGroup " if is_podgroup_reservation(e) else "") + e.get("name", "?")
+                               for e in claim_plan.drop) or "nobody",
                      "; deallocated" if claim_plan.deallocate else "")
         if claim_plan.remove_finalizer:
             finalizers = claim["metadata"].get("finalizers") or []

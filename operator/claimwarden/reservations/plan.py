@@ -1,8 +1,10 @@
 """What the reservations controller should do for one claim: pure decisions, no I/O.
 
 Follows upstream's resourceclaim controller (claim sync), plus what upstream leaves undone:
-reservations that are not pods (PodGroups) are kept instead of stopping all work on the claim,
-and a claim near the 256-entry reservedFor limit is flagged.
+reservations that are not pods are kept instead of stopping all work on the claim, and a claim
+near the 256-entry reservedFor limit is flagged. Where the cluster serves PodGroups, a PodGroup
+reservation is dropped once its PodGroup is gone or replaced (claims/podgroups.py), as upstream
+1.36+ does; elsewhere it is kept.
 
 A pod "view" is the little of a pod this needs: `{"uid", "phase", "nodeName", "deleting"}`.
 """
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from claimwarden.claims.podgroups import is_podgroup_reservation, should_drop_group_reservation
 from claimwarden.podclaims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
@@ -49,6 +52,8 @@ class ClaimPlan:
     """Then delete the claim (a generated claim whose pod is finished or replaced)."""
     unknown_pods: tuple[str, ...] = ()
     """Pods missing from the cache: confirm with a live GET, then plan again."""
+    unknown_podgroups: tuple[str, ...] = ()
+    """PodGroups missing from the cache: the same."""
     near_limit: bool = False
     """reservedFor is close to its 256-entry limit."""
 
@@ -77,19 +82,24 @@ def plan_claim(
     pods: Mapping[str, dict[str, Any] | None],
     owner: dict[str, Any] | None,
     limit_ratio: float = NEAR_LIMIT_RATIO,
+    podgroups: Mapping[str, dict[str, Any] | None] | None = None,
 ) -> ClaimPlan:
     """Decide which reservations of `claim` to drop and whether to deallocate, unprotect or delete it.
 
     `pods`: pod name → view (None = confirmed gone) for the claim's namespace; a reserved pod that
     is absent from it is unknown, and then nothing destructive is planned. `owner`: view of the
-    claim's controlling pod when it has one and it is in the cache, else None.
+    claim's controlling pod when it has one and it is in the cache, else None. `podgroups`: PodGroup
+    name → view (`podgroups.podgroup_view`, None = confirmed gone) where the cluster serves PodGroups,
+    else None (PodGroup reservations are then kept); a reserved PodGroup absent from it is unknown too.
     """
     entries = reserved_for(claim)
     unknown = _unknown_pods(entries, pods)
-    if unknown:
-        return ClaimPlan(keep=tuple(entries), unknown_pods=unknown, near_limit=is_near_limit(len(entries), limit_ratio))
-    drop = [entry for entry in entries if _should_drop(entry, pods)]
-    keep = [entry for entry in entries if not _should_drop(entry, pods)]
+    unknown_groups = _unknown_podgroups(entries, podgroups)
+    if unknown or unknown_groups:
+        return ClaimPlan(keep=tuple(entries), unknown_pods=unknown, unknown_podgroups=unknown_groups,
+                         near_limit=is_near_limit(len(entries), limit_ratio))
+    drop = [entry for entry in entries if _should_drop(entry, pods, podgroups)]
+    keep = [entry for entry in entries if not _should_drop(entry, pods, podgroups)]
     deallocate, remove_finalizer = _release(claim, dropped=bool(drop), remaining=bool(keep))
     return ClaimPlan(
         drop=tuple(drop),
@@ -110,8 +120,24 @@ def _unknown_pods(entries: list[dict[str, Any]], pods: Mapping[str, dict[str, An
     return tuple(names)
 
 
-def _should_drop(entry: dict[str, Any], pods: Mapping[str, dict[str, Any] | None]) -> bool:
-    """A pod reservation whose pod is gone, replaced (other UID) or done; never a non-pod entry."""
+def _unknown_podgroups(entries: list[dict[str, Any]],
+                       podgroups: Mapping[str, dict[str, Any] | None] | None) -> tuple[str, ...]:
+    if podgroups is None:
+        return ()
+    names: list[str] = []
+    for entry in entries:
+        name = str(entry.get("name") or "")
+        if is_podgroup_reservation(entry) and name not in podgroups and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _should_drop(entry: dict[str, Any], pods: Mapping[str, dict[str, Any] | None],
+                 podgroups: Mapping[str, dict[str, Any] | None] | None = None) -> bool:
+    """A pod reservation whose pod is gone, replaced (other UID) or done; a PodGroup reservation whose
+    PodGroup is gone or replaced (where PodGroups are served); never any other entry."""
+    if podgroups is not None and is_podgroup_reservation(entry):
+        return should_drop_group_reservation(entry, podgroups.get(str(entry.get("name") or "")))
     if not is_pod_reservation(entry):
         return False
     view = pods.get(str(entry.get("name") or ""))

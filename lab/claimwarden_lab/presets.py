@@ -1,0 +1,72 @@
+"""Per-version presets: the feature gates and runtime-config that turn a DRA feature on in the lab.
+
+The facts come from each release's kube_features.go and controlplane/instance.go (gate defaults and
+which API versions are served by default). A preset that a version cannot serve is refused with the
+reason, so a test or a user never gets a lab that silently lacks what it asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .processes import LabError
+
+
+@dataclass(frozen=True)
+class Preset:
+    gates: tuple[str, ...] = ()
+    runtime_config: tuple[str, ...] = ()
+
+
+# minor version -> preset name -> what it needs; a missing entry means "not available", with the reason below.
+PRESETS: dict[str, dict[str, Preset]] = {
+    "1.34": {
+        "device-taints": Preset(("DRADeviceTaints=true",), ("resource.k8s.io/v1alpha3=true",)),
+        "extended-resources": Preset(("DRAExtendedResource=true",)),
+    },
+    "1.35": {
+        "device-taints": Preset(("DRADeviceTaints=true", "DRADeviceTaintRules=true"),
+                                ("resource.k8s.io/v1alpha3=true",)),
+        "extended-resources": Preset(("DRAExtendedResource=true",)),
+    },
+    "1.36": {
+        # DRADeviceTaints is beta and on; the rules' beta API (v1beta2) is off by default.
+        "device-taints": Preset(("DRADeviceTaintRules=true",), ("resource.k8s.io/v1beta2=true",)),
+        "extended-resources": Preset(),  # beta, on by default
+        "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
+                            ("scheduling.k8s.io/v1alpha2=true",)),
+    },
+    "1.37": {
+        "device-taints": Preset(),  # GA: resource.k8s.io/v1 DeviceTaintRule, on by default
+        "extended-resources": Preset(),  # GA
+        "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
+                            ("scheduling.k8s.io/v1beta1=true",)),
+    },
+}
+UNAVAILABLE = {
+    "podgroups": "PodGroup reservations (KEP-5729, gate DRAWorkloadResourceClaims) first appear in 1.36",
+}
+
+
+def names() -> list[str]:
+    return sorted({name for presets in PRESETS.values() for name in presets})
+
+
+def resolve(version: str, wanted: str, gates: str = "", runtime_config: str = "") -> tuple[str, str]:
+    """Merge the presets named in ``wanted`` (comma-separated) for ``version`` (e.g. 1.37.2) into the given
+    --feature-gates and --runtime-config values; explicit values come last, so they win."""
+    minor = ".".join(version.split(".")[:2])
+    all_gates = [g for g in gates.split(",") if g]
+    all_config = [c for c in runtime_config.split(",") if c]
+    preset_gates: list[str] = []
+    preset_config: list[str] = []
+    for name in (n.strip() for n in wanted.split(",") if n.strip()):
+        if name not in names():
+            raise LabError(f"unknown preset {name!r}; give one or more of {', '.join(names())}")
+        preset = PRESETS.get(minor, {}).get(name)
+        if preset is None:
+            reason = UNAVAILABLE.get(name, "not served by this version")
+            raise LabError(f"preset {name!r} is not available on Kubernetes {version}: {reason}")
+        preset_gates += [g for g in preset.gates if g not in preset_gates]
+        preset_config += [c for c in preset.runtime_config if c not in preset_config]
+    return ",".join(preset_gates + all_gates), ",".join(preset_config + all_config)

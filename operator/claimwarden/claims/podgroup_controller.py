@@ -1,0 +1,127 @@
+"""PodGroup claims: the queue and the API calls (decisions are in podgroups.py).
+
+Runs only where the cluster serves PodGroups; `version` is the served one (discovery at start-up).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from typing import cast
+
+from .. import metrics
+from ..cache import Body, Cache
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..workqueue import Retry, WorkQueue
+from . import podgroups
+from .controller import FAILED_CREATION, RECENT_TTL
+
+log = logging.getLogger("claimwarden.podgroups")
+
+NAME = "podgroups"
+APPLIED_FRESH = 10.0
+
+
+class PodGroupRetry(Retry):
+    """Some PodGroup claims could not be handled yet; the PodGroup is retried with back-off."""
+
+
+class PodGroupsController:
+    def __init__(self, cache: Cache, kube: Kube, version: str,
+                 on_claim: Callable[[str, str], None] | None = None) -> None:
+        self.cache = cache
+        self.kube = kube
+        self.version = version
+        # Called with (namespace, PodGroup name) when a claim was created or recorded, so that member
+        # pods record it without waiting for the claim's watch event (None in tests).
+        self._on_claim = on_claim
+        self.queue = WorkQueue(NAME)
+        # PodGroup UID -> claim name -> (created at, claim): created but not in the cache yet.
+        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        # PodGroup UID -> (when, entry name -> claim name): what the last status apply carried.
+        self._applied: dict[str, tuple[float, dict[str, str]]] = {}
+
+    @property
+    def api_version(self) -> str:
+        return f"{podgroups.GROUP}/{self.version}"
+
+    def enqueue(self, namespace: str, name: str) -> None:
+        self.queue.add((namespace, name))
+
+    def forget(self, uid: str) -> None:
+        self._recent.pop(uid, None)
+        self._applied.pop(uid, None)
+
+    def owned_claims(self, namespace: str, uid: str) -> list[Body]:
+        """Claims the PodGroup controls: the cache's, plus those created here that it does not show yet."""
+        now = time.monotonic()
+        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by_podgroup(namespace, uid)}
+        recent = self._recent.get(uid, {})
+        for claim_name, (created_at, body) in list(recent.items()):
+            if now - created_at > RECENT_TTL or claim_name in owned:
+                del recent[claim_name]
+            else:
+                owned[claim_name] = body
+        if not recent:
+            self._recent.pop(uid, None)
+        return list(owned.values())
+
+    async def reconcile(self, key: Hashable) -> None:
+        namespace, name = cast(tuple[str, str], key)
+        podgroup = self.cache.podgroup(namespace, name)
+        if podgroup is None:
+            return
+        uid = podgroup["metadata"].get("uid", "")
+        owned = self.owned_claims(namespace, uid)
+        claims = {c["metadata"]["name"]: c for c in owned}
+        for entry in podgroups.group_claim_statuses(podgroup).values():
+            claim_name = entry.get("resourceClaimName")
+            if claim_name and claim_name not in claims and (found := self.cache.claim(namespace, claim_name)):
+                claims[claim_name] = found
+        templates = {}
+        for entry in podgroup.get("spec", {}).get("resourceClaims") or []:
+            template_name = entry.get("resourceClaimTemplateName")
+            if template_name and (template := self.cache.template(namespace, template_name)) is not None:
+                templates[template_name] = template
+
+        group_plan = podgroups.plan_podgroup(podgroup, claims, owned, templates)
+        recorded = {r.entry_name: r.claim_name for r in group_plan.record}
+        failures = [f"PodGroupResourceClaim {p.entry_name}: {p.message}" for p in group_plan.problems]
+        for create in group_plan.create:
+            body = podgroups.build_podgroup_claim(podgroup, create.entry_name, templates[create.template_name],
+                                                  self.api_version)
+            try:
+                created = await self.kube.create_claim(namespace, body)
+            except ApiError as exc:
+                metrics.CLAIM_CREATIONS.labels("failure").inc()
+                failures.append(f"PodGroupResourceClaim {create.entry_name}: create ResourceClaim: {exc.message}")
+                continue
+            metrics.CLAIM_CREATIONS.labels("success").inc()
+            claim_name = created["metadata"]["name"]
+            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), created)
+            recorded[create.entry_name] = claim_name
+            log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
+                     claim_name, create.template_name, create.entry_name)
+        if recorded:
+            applied_at, applied = self._applied.get(uid, (0.0, {}))
+            entries = podgroups.group_status_entries(podgroup, recorded, applied)
+            wanted = {e["name"]: e["resourceClaimName"] for e in entries}
+            if wanted != applied or time.monotonic() - applied_at > APPLIED_FRESH:
+                await self.kube.apply_podgroup_claim_statuses(self.version, namespace, name, entries)
+                self._applied[uid] = (time.monotonic(), wanted)
+            if self._on_claim is not None:
+                self._on_claim(namespace, name)
+        if failures:
+            for message in failures:
+                await self._warn(podgroup, message)
+            raise PodGroupRetry("; ".join(failures))
+
+    async def _warn(self, podgroup: Body, message: str) -> None:
+        try:
+            await self.kube.post_event({**podgroup, "apiVersion": self.api_version, "kind": podgroups.KIND},
+                                       "Warning", FAILED_CREATION, message)
+        except ApiError as exc:
+            log.warning("could not post event on PodGroup %s/%s: %s", podgroup["metadata"].get("namespace"),
+                        podgroup["metadata"].get("name"), exc)

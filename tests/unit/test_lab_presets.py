@@ -1,0 +1,43 @@
+"""The lab's per-version presets: gates and runtime-config per feature, refusals with reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from claimwarden_lab import presets
+from claimwarden_lab.processes import LabError
+
+
+@pytest.mark.parametrize(("version", "gates", "runtime_config"), [
+    ("1.34.4", "DRADeviceTaints=true", "resource.k8s.io/v1alpha3=true"),
+    ("1.35.4", "DRADeviceTaints=true,DRADeviceTaintRules=true", "resource.k8s.io/v1alpha3=true"),
+    ("1.36.3", "DRADeviceTaintRules=true", "resource.k8s.io/v1beta2=true"),
+    ("1.37.2", "", ""),
+])
+def test_device_taints_need_what_each_version_keeps_off(version: str, gates: str, runtime_config: str) -> None:
+    assert presets.resolve(version, "device-taints") == (gates, runtime_config)
+
+
+def test_presets_merge_and_explicit_values_come_last() -> None:
+    gates, config = presets.resolve("1.37.2", "podgroups,device-taints", "Foo=true", "x/v1=true")
+    assert gates == "GenericWorkload=true,DRAWorkloadResourceClaims=true,Foo=true"
+    assert config == "scheduling.k8s.io/v1beta1=true,x/v1=true"
+
+
+def test_podgroups_on_1_36_use_the_alpha_scheduling_api() -> None:
+    assert presets.resolve("1.36.3", "podgroups")[1] == "scheduling.k8s.io/v1alpha2=true"
+
+
+@pytest.mark.parametrize("version", ["1.34.4", "1.35.4"])
+def test_podgroups_before_1_36_are_refused_with_the_reason(version: str) -> None:
+    with pytest.raises(LabError, match=r"first appear in 1\.36"):
+        presets.resolve(version, "podgroups")
+
+
+def test_an_unknown_preset_names_the_known_ones() -> None:
+    with pytest.raises(LabError, match="device-taints, extended-resources, podgroups"):
+        presets.resolve("1.37.2", "gpus")
+
+
+def test_no_preset_leaves_the_given_values_alone() -> None:
+    assert presets.resolve("1.34.4", "", "A=true", "b/v1=true") == ("A=true", "b/v1=true")
