@@ -65,6 +65,9 @@ rules:
         resources: ["pods/eviction"]
   - level: None
 """
+# For benchmarks that count API calls (LabOptions.audit_all): every request by anyone, reads too, at
+# Metadata level; the auditor's rules still read only what they need from it.
+AUDIT_POLICY_ALL = AUDIT_POLICY.replace('  - level: None\n', '  - level: Metadata\n')
 
 
 def default_dir() -> Path:
@@ -94,6 +97,8 @@ class LabOptions:
     kcm_qps: float = 0
     """kube-controller-manager's client budget (--kube-api-qps, burst twice that); 0 = its default, 20.
     Raise it so that the lab's own garbage collector and eviction controller are not what a benchmark measures."""
+    audit_all: bool = False
+    """Audit every request (reads and every client's writes too), for benchmarks that count API calls."""
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 500:
@@ -241,7 +246,7 @@ def _start_control_plane(state: LabState, options: LabOptions, bins: Path, say: 
     gates = [f"--feature-gates={options.feature_gates}"] if options.feature_gates else []
     policy = directory / "audit" / "policy.yaml"
     policy.parent.mkdir()
-    policy.write_text(AUDIT_POLICY)
+    policy.write_text(AUDIT_POLICY_ALL if options.audit_all else AUDIT_POLICY)
 
     def launch(name: str, argv: list[str]) -> Process:
         return _launch(state, name, argv)

@@ -126,6 +126,7 @@ class Cache:
         # is falsy, and the live index must be kept.)
         self._slices: IndexLike = indices.get("slices_by_name", {})
         self._records: IndexLike = indices.get("records_by_name", {})
+        self._records_by_device: IndexLike = indices.get("records_by_device", {})
         # Only indexed where the cluster serves PodGroups.
         self._podgroups: IndexLike = indices.get("podgroups_by_name", {})
         self._podgroups_by_template: IndexLike = indices.get("podgroups_by_template", {})
@@ -229,6 +230,16 @@ class Cache:
 
     def record(self, name: str) -> Body | None:
         found: Body | None = _one(self._records, name)
+        return found
+
+    def records_marking(self, device: DeviceKey) -> list[Body]:
+        """The records that name the device (driver, pool, device), whatever their names."""
+        found = []
+        for name in sorted(set(_all(self._records_by_device, device))):
+            record = self.record(str(name))
+            spec = (record or {}).get("spec") or {}
+            if record is not None and (spec.get("driver"), spec.get("pool"), spec.get("device")) == tuple(device):
+                found.append(record)
         return found
 
     def records(self) -> list[Body]:

@@ -153,6 +153,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="eviction budget: Eviction API calls per second, 0 means no budget (default: %(default)s)")
     run.add_argument("--eviction-burst", type=_count, default=20,
                      help="eviction budget: calls that may go out at once (default: %(default)s)")
+    run.add_argument("--eviction-workers", type=_count, default=32,
+                     help="evictions (and marked devices' records) handled at once; the breaker and the budget "
+                          "still bound what they start (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -206,7 +209,8 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
-        eviction_qps=args.eviction_qps, eviction_burst=max(args.eviction_burst, 1))
+        eviction_qps=args.eviction_qps, eviction_burst=max(args.eviction_burst, 1),
+        workers=max(args.eviction_workers, 1))
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:

@@ -61,22 +61,22 @@ class Runtime:
     elector: Elector | None = None
     leading: bool = False
     """Only the leader's events reach the queues, and only the leader's workers run."""
-    loops: list[tuple[WorkQueue, Reconcile]] = field(default_factory=list)
-    queues: list[WorkQueue] = field(default_factory=list)
+    loops: list[tuple[WorkQueue, Reconcile, int]] = field(default_factory=list)
+    queues: list[tuple[WorkQueue, int]] = field(default_factory=list)
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     background: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def add_loop(self, queue: WorkQueue, reconcile: Reconcile) -> None:
-        self.loops.append((queue, reconcile))
+    def add_loop(self, queue: WorkQueue, reconcile: Reconcile, workers: int | None = None) -> None:
+        """Reconcile the queue's keys with `workers` workers (default: workers_per_queue)."""
+        self.loops.append((queue, reconcile, workers or self.workers_per_queue))
 
     async def lead(self) -> None:
         """Start the workers and the resync, and queue everything a standby's warm indices hold: events
         seen before this replica led reached no queue (at a plain start-up the indices are still empty)."""
         self.leading = True
-        for queue, reconcile in self.loops:
-            self.queues.append(queue)
-            self.workers.append(asyncio.create_task(run_workers(queue, reconcile, self.workers_per_queue),
-                                                    name=queue.name))
+        for queue, reconcile, workers in self.loops:
+            self.queues.append((queue, workers))
+            self.workers.append(asyncio.create_task(run_workers(queue, reconcile, workers), name=queue.name))
         self.enqueue_all()
         self.background.append(asyncio.create_task(self._resync(), name="resync"))
 
@@ -128,8 +128,8 @@ class Runtime:
         cancel what is still running after the grace period; then hand the lease back."""
         for task in self.background:
             task.cancel()
-        for queue in self.queues:
-            queue.close(self.workers_per_queue)
+        for queue, workers in self.queues:
+            queue.close(workers)
         if self.workers:
             _, late = await asyncio.wait(self.workers, timeout=DRAIN_SECONDS)
             for task in late:
@@ -137,6 +137,11 @@ class Runtime:
         for task in (*self.background, *self.workers):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.health is not None:
+            try:
+                await self.health.flush()
+            except Exception as exc:
+                log.warning("writing the eviction counts at shutdown failed: %s", exc)
         if self.elector is not None:
             await self.elector.release()
 

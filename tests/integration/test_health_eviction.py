@@ -75,7 +75,10 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
     assert _counter(exposition, 'claimwarden_evictions_total{result="gone"}') == gone_before
     assert _counter(exposition, 'claimwarden_devices{driver="gpu.example.com",state="tainted"}') >= 1
     assert _counter(exposition, 'claimwarden_unhealthy_devices{effect="NoExecute"}') >= 1
-    assert _counter(exposition, 'claimwarden_resource_claims{source="quarantine",state="allocated"}') >= 1
+    # Once the victim's claim lets go the quarantine is re-asserted (a new claim, then its allocation):
+    # for a moment the gauge sees none allocated.
+    wait_for("an allocated quarantine claim in the gauge", lambda: _counter(
+        claimwarden.metrics(), 'claimwarden_resource_claims{source="quarantine",state="allocated"}') >= 1, 30)
     unmark(api, pool, device)
 
 

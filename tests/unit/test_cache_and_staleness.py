@@ -23,7 +23,7 @@ def obj(name: str, uid: str, *, namespace: str = "ns", created: str = "2026-01-0
 
 def cache(**indices: FakeIndex) -> Cache:
     names = ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner",
-             "claims_by_device", "claims_by_record", "templates_by_name")
+             "claims_by_device", "claims_by_record", "templates_by_name", "records_by_name", "records_by_device")
     return Cache({name: indices.get(name, FakeIndex()) for name in names})
 
 
@@ -37,6 +37,29 @@ def test_a_stale_object_never_shadows_the_live_one_of_the_same_name() -> None:
 def test_same_second_creation_falls_back_to_the_newer_resource_version() -> None:
     old, new = obj("p", "old", version="100"), obj("p", "new", version="250")
     assert cache(pods_by_name=FakeIndex({("ns", "p"): [new, old]})).pod("ns", "p") == new
+
+
+def _record(name: str, device: str) -> dict[str, Any]:
+    return {**obj(name, f"{name}-uid", namespace=""), "spec": {"driver": "d", "pool": "p", "device": device}}
+
+
+def test_records_of_a_device_are_found_by_the_index_whatever_their_names() -> None:
+    annotated, admins, other = _record("p.gpu-0.abc", "gpu-0"), _record("my-mark", "gpu-0"), _record("x", "gpu-1")
+    view = cache(records_by_name=FakeIndex({"p.gpu-0.abc": [annotated], "my-mark": [admins], "x": [other]}),
+                 records_by_device=FakeIndex({("d", "p", "gpu-0"): ["p.gpu-0.abc", "my-mark"],
+                                              ("d", "p", "gpu-1"): ["x"]}))
+    assert view.records_marking(("d", "p", "gpu-0")) == [admins, annotated]
+    assert view.records_marking(("d", "p", "gpu-1")) == [other]
+    assert view.records_marking(("d", "p", "gpu-2")) == []
+
+
+def test_a_record_whose_device_changed_is_not_found_under_its_old_device() -> None:
+    """The two indices are updated one after the other: the record's own spec has the last word."""
+    moved = _record("m", "gpu-1")
+    view = cache(records_by_name=FakeIndex({"m": [moved]}),
+                 records_by_device=FakeIndex({("d", "p", "gpu-0"): ["m"], ("d", "p", "gpu-1"): ["m"]}))
+    assert view.records_marking(("d", "p", "gpu-0")) == []
+    assert view.records_marking(("d", "p", "gpu-1")) == [moved]
 
 
 def test_owned_claims_are_looked_up_within_the_pods_namespace() -> None:

@@ -456,3 +456,13 @@ def test_drain_changes_nothing_for_other_effects() -> None:
     plan = plan_for(with_drain("EvictAfter=1m", "NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])],
                     pods_of(make_pod()))
     assert plan.evict == () and plan.pending == 0 and plan.drain_deadline is None
+
+
+def test_pods_evicted_already_are_neither_evicted_again_nor_pending_before_the_cache_shows_it() -> None:
+    claim = make_claim(reserved=[("a", "a-uid"), ("b", "b-uid")])
+    pods = pods_of(make_pod("a", uid="a-uid"), make_pod("b", uid="b-uid"))
+    decided = plan_record(make_record(), [claim], pods, MARKED, OWN_NAMESPACE, evicted=frozenset({"a-uid"}))
+    assert decided.evict == (eviction("b", "b-uid"),)
+    assert decided.pending == 1 and decided.would_evict_names == ("ns/b",)
+    assert decided.holders == ("ns/claim",), "its claim still holds the device until it is released"
+    assert plan_for(make_record(), [claim], pods).pending == 2, "without it, both are pending"

@@ -54,6 +54,8 @@ class HealthSettings:
     breaker: breaker.Settings = field(default_factory=breaker.Settings)
     eviction_qps: float = DEFAULT_QPS
     eviction_burst: int = DEFAULT_BURST
+    workers: int = 32
+    """Workers of the record and the eviction queues: a burst of marks is mostly waiting on round trips."""
 
 
 @dataclass
@@ -75,13 +77,15 @@ class HealthController:
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
         self.evictions = Evictions(
-            kube=kube, post_event=self._event, on_evicted=self.enqueue_record,
+            kube=kube, cache=cache, post_event=self._event, on_evicted=self.record_queue.add_after,
             breaker_settings=self.settings.breaker,
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
         self._memory: dict[str, RecordMemory] = {}
+        # record -> (resourceVersion our last status write returned, the status it wrote).
+        self._status_written: dict[str, tuple[int, dict[str, Any]]] = {}
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
         self._open: dict[str, bool] = {}
@@ -151,7 +155,7 @@ class HealthController:
 
     def _records_for(self, ref: DeviceRef) -> list[Body]:
         """Records about the device, whatever their names (admins may name their own)."""
-        return [r for r in self.cache.records() if records.record_ref(r) == ref]
+        return self.cache.records_marking((ref.driver, ref.pool, ref.device))
 
     def record_names(self) -> list[str]:
         return [r["metadata"]["name"] for r in self.cache.records()]
@@ -282,8 +286,10 @@ class HealthController:
             record["metadata"].get("creationTimestamp")) or moment
 
         holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
+        # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
         record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
-                                       server_copies_tolerations=self.server_copies_tolerations())
+                                       server_copies_tolerations=self.server_copies_tolerations(),
+                                       evicted=self.evictions.evicted_pods())
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         released = memory.holders - holders
@@ -330,7 +336,9 @@ class HealthController:
         effect = records.record_effect(record)
         status = record.get("status") or {}
         pending = record_plan.pending
-        evicted = self.evictions.evicted(record)
+        version = self.evictions.counts.version(name)
+        counts = self.evictions.counts_status(record)
+        evicted = counts["podsEvicted"]
         drain = records.record_drain(record)
         if effect == "NoExecute":
             evicting = _evicting(pending, evicted, drain, record_plan.drain_deadline)
@@ -354,6 +362,7 @@ class HealthController:
             "markedAt": format_rfc3339(marked_at),
             "podsPending": pending,
             "podsEvicted": evicted,
+            "recentEvictions": counts["recentEvictions"],
             "podsWouldEvict": record_plan.would_evict,
             "podsWouldEvictNames": list(record_plan.would_evict_names[:plan.PREVIEW_NAMES_MAX]),
             "approval": approval,
@@ -362,9 +371,24 @@ class HealthController:
             "deviceTaintRule": rule,
             "conditions": conditions,
         }
+        written = self._status_written.get(name)
+        if written is not None and _resource_version(record) <= written[0]:
+            # The watch has not brought our last write back yet (it lags under load): compare with what was
+            # written, or the same status goes out again every reconcile until it does.
+            status = {**status, **written[1]}
         if any(status.get(k) != v for k, v in desired.items()):
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": desired},
-                                                       subresource="status")
+            wait = self.evictions.counts.wait(name, time.monotonic())
+            if wait > 0:  # paced (counts.py): this reconcile comes back and writes what is then true
+                self.record_queue.add_after(name, wait)
+                return
+            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+                                                                {"status": desired}, subresource="status")
+            self._status_written[name] = (_resource_version(result), desired)
+        self.evictions.counts_written(name, version)
+
+    async def flush(self) -> None:
+        """At shutdown, once the workers have stopped: write what lives only in memory (eviction counts)."""
+        await self.evictions.flush_counts()
 
     def _memory_of(self, record: Body) -> RecordMemory:
         """The record's memory; after a restart it starts from the record's status (rule 1 across restarts)."""
@@ -377,6 +401,7 @@ class HealthController:
 
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)
         for key in [k for k, names in self._claim_records.items() if name in names]:
@@ -403,6 +428,12 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
         return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
                 f"(drain {drain}), then they are evicted; the device takes no new work")
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
+
+
+def _resource_version(obj: Body) -> int:
+    """The object's resourceVersion as a number (etcd's revision; 0 when it is not one)."""
+    version = str(obj["metadata"].get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
 
 
 def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:

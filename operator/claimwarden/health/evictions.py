@@ -1,9 +1,14 @@
 """Evicting the pods of a marked device, one pod per key, through the Eviction API.
 
-A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record, the pod and
-the claim from the API, because the indices may hold objects deleted while a watch was down; a
-pod is evicted only while all three still say so. PodDisruptionBudgets hold: a refusal is retried
-with back-off until the budget allows it or the mark is cleared.
+A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record and the pod
+from the API, together, because the indices may hold objects deleted while a watch was down; a pod
+is evicted only while both still say so and its claim holds the device reserved for it. A burst
+costs little more than the evictions themselves (README "The eviction budget", throughput): the pods
+of one record share a read of it made within RECORD_READ_SHARE seconds; the claim is taken from the
+cache when it agrees (a claim reserved for the running pod just read keeps its allocation) and read
+only to confirm a no; pods this process evicted are not read again; and the record's count is
+written by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with
+back-off until the budget allows it or the mark is cleared.
 
 Right before the call two guards apply, in this order (README "What claimwarden will not do
 without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
@@ -16,14 +21,16 @@ when the window frees room (approvals and cleared marks wake it through their ow
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import cast
+from typing import Any, cast
 
 from .. import metrics
-from ..cache import Body
+from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..podclaims import is_being_deleted, is_reserved_for
@@ -31,6 +38,7 @@ from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
 from . import breaker, plan, records
 from .budget import TokenBucket
+from .counts import CountWrites
 
 log = logging.getLogger("claimwarden.health")
 
@@ -40,6 +48,7 @@ EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
 EVICTED_MEMORY_SECONDS = 600.0
+RECORD_READ_SHARE = 0.5  # seconds one read of a record serves the evictions of its other pods
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
@@ -49,13 +58,16 @@ Decide = Callable[[str], breaker.Decision]
 class Evictions:
     """The eviction queue, the PDB refusals per key, and each record's count of evicted pods."""
 
-    def __init__(self, *, kube: Kube, post_event: PostEvent, on_evicted: Callable[[str], None],
+    def __init__(self, *, kube: Kube, cache: Cache | None, post_event: PostEvent,
+                 on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: TokenBucket,
                  decide: Decide | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
-        """`decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
+        """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
+        `decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
         record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
+        self.cache = cache  # None in unit tests: every claim is then read from the API
         self.queue = WorkQueue("health-evictions")
         self.breaker_settings = breaker_settings
         self.budget = budget
@@ -70,6 +82,8 @@ class Evictions:
         self._evicted_pods: dict[str, float] = {}
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
+        self.counts = CountWrites()
+        self._record_reads: dict[str, tuple[float, asyncio.Future[Body | None]]] = {}
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -89,12 +103,18 @@ class Evictions:
             self._recent[name] = breaker.parse_recent(record.get("status") or {})
         return self._recent[name]
 
+    def evicted_pods(self) -> frozenset[str]:
+        """UIDs of the pods this process evicted in the last EVICTED_MEMORY_SECONDS."""
+        return frozenset(self._evicted_pods)
+
     def in_flight(self, driver: str) -> int:
         return self._in_flight.get(driver, 0)
 
     def forget(self, record_name: str) -> None:
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
+        self.counts.forget(record_name)
+        self._record_reads.pop(record_name, None)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -145,13 +165,14 @@ class Evictions:
             record["metadata"].get("creationTimestamp"))
         if marked_at is not None:
             metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
-        await self._count(record)
+        self._evicted[record_name] = self.evicted(record) + 1
+        # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown).
+        self._on_evicted(record_name, self.counts.changed(record_name, time.monotonic()))
         reason = record["spec"].get("reason", "")
         message = f"evicted: device {ref} is unhealthy: {reason}"
-        await self._post_event(pod, "Warning", EVICTED, message)
-        await self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}")
+        await asyncio.gather(self._post_event(pod, "Warning", EVICTED, message),
+                             self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}"))
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
-        self._on_evicted(record_name)
 
     def _breaker_room(self, record: Body, driver: str) -> bool:
         """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
@@ -178,27 +199,49 @@ class Evictions:
 
     async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
                          claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
-        """(record, pod, device) read fresh, when the pod is still to be evicted; else None."""
-        record = await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, record_name)
+        """(record, pod, device) read fresh, when the pod is still to be evicted; else None.
+
+        The three reads go out together: one round trip of waiting instead of three."""
+        if uid in self._evicted_pods:  # evicted by this process: its cached pod may not say so yet
+            return None
+        record, pod = await asyncio.gather(self._read_record(record_name), self.kube.get_pod(namespace, pod_name))
         ref = records.record_ref(record) if record is not None else None
         if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
                 is_being_deleted(record):
             return None
-        pod = await self.kube.get_pod(namespace, pod_name)
         if pod is None or pod["metadata"].get("uid") != uid:
-            if uid not in self._evicted_pods:
-                metrics.EVICTIONS.labels("gone").inc()
+            metrics.EVICTIONS.labels("gone").inc()
             return None
         if is_being_deleted(pod):
             return None
+        # The claim from the cache is enough when it says yes: the pod just read is running with this UID,
+        # and a claim reserved for a running pod keeps its allocation. Only a no is confirmed with a read.
+        cached = self.cache.claim(namespace, claim_name) if self.cache is not None else None
+        if cached is not None and plan.holds_device(cached, ref) and is_reserved_for(cached, uid):
+            return record, pod, ref
         claim = await self.kube.get_claim(namespace, claim_name)
         if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
             return None
         return record, pod, ref
 
+    async def _read_record(self, name: str) -> Body | None:
+        """The record read from the API; pods of one record evicted within RECORD_READ_SHARE seconds of each
+        other share one read (a burst on one device is one GET of its record, not one per pod)."""
+        moment = time.monotonic()
+        shared = self._record_reads.get(name)
+        if shared is None or moment - shared[0] > RECORD_READ_SHARE or (
+                shared[1].done() and (shared[1].cancelled() or shared[1].exception() is not None)):
+            shared = (moment, asyncio.ensure_future(self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)))
+            self._record_reads[name] = shared
+        return await asyncio.shield(shared[1])
+
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
-        self._evicted_pods = {k: t for k, t in self._evicted_pods.items() if moment - t < EVICTED_MEMORY_SECONDS}
+        # Oldest first (insertion order): drop the expired from the front, not a copy per eviction.
+        for old, _at in list(itertools.takewhile(lambda item: moment - item[1] >= EVICTED_MEMORY_SECONDS,
+                                                self._evicted_pods.items())):
+            del self._evicted_pods[old]
+        self._evicted_pods.pop(uid, None)
         self._evicted_pods[uid] = moment
 
     async def _blocked(self, key: Hashable, pod: Body, ref: records.DeviceRef, exc: ApiError) -> Requeue:
@@ -212,17 +255,30 @@ class Evictions:
         delay = min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX)
         return Requeue(max(delay, exc.retry_after or 0.0), "blocked")
 
-    async def _count(self, record: Body) -> None:
-        """Store the new count at once: it lives only in memory until the record's status has it."""
-        name = record["metadata"]["name"]
-        self._evicted[name] = self.evicted(record) + 1
-        recent = breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)
-        try:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": {
-                "podsEvicted": self._evicted[name], "recentEvictions": recent}}, subresource="status")
-        except ApiError as exc:
-            if not exc.not_found:
-                log.warning("could not store the eviction count of record %s: %s", name, exc)
+    def counts_status(self, record: Body) -> dict[str, Any]:
+        """The record's counts as its status should carry them: podsEvicted and recentEvictions."""
+        return {"podsEvicted": self.evicted(record),
+                "recentEvictions": breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)}
+
+    def counts_written(self, record_name: str, version: int) -> None:
+        """A status write with the record's counts as of `version` (counts.version) succeeded."""
+        self.counts.written(record_name, time.monotonic(), version)
+
+    async def flush_counts(self) -> None:
+        """Write every count still only in memory (at shutdown, after the workers have stopped)."""
+        for name in self.counts.unsaved():
+            if name not in self._evicted:
+                continue
+            version = self.counts.version(name)
+            status = {"podsEvicted": self._evicted[name], "recentEvictions": breaker.format_recent(
+                self._recent.get(name, []), now(), self.breaker_settings.window)}
+            try:
+                await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": status},
+                                                           subresource="status")
+                self.counts_written(name, version)
+            except ApiError as exc:
+                if not exc.not_found:
+                    log.warning("could not store the eviction count of record %s: %s", name, exc)
 
 
 def _drain_wait(record: Body) -> float | None:

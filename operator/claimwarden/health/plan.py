@@ -158,9 +158,10 @@ def is_evictable(pod: dict[str, Any] | None, uid: str) -> bool:
 
 
 def affected_pods(
-    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]]
+    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], evicted: frozenset[str] = frozenset()
 ) -> list[tuple[str, str, str]]:
-    """(namespace, name, uid) of the evictable pods the claim is reserved for and that use it."""
+    """(namespace, name, uid) of the evictable pods the claim is reserved for and that use it; pods whose
+    UID is in `evicted` are already on their way out, like pods being deleted."""
     namespace = str(metadata(claim).get("namespace") or "")
     found = []
     for entry in reserved_for(claim):
@@ -168,7 +169,7 @@ def affected_pods(
             continue
         name, uid = str(entry.get("name") or ""), str(entry.get("uid") or "")
         pod = pods.get((namespace, name))
-        if pod is not None and is_evictable(pod, uid) and pod_uses_claim(pod, claim):
+        if pod is not None and uid not in evicted and is_evictable(pod, uid) and pod_uses_claim(pod, claim):
             found.append((namespace, name, uid))
     return found
 
@@ -183,12 +184,15 @@ def plan_record(
     namespace: str,
     *,
     server_copies_tolerations: bool = False,
+    evicted: frozenset[str] = frozenset(),
 ) -> RecordPlan:
     """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
 
     `claims` need only hold those allocated the device (others are ignored); `namespace` is
     claimwarden's own, where its quarantine claims live. `server_copies_tolerations`: the server's
-    allocator copies tolerations into allocation results (tolerations.result_tolerations).
+    allocator copies tolerations into allocation results (tolerations.result_tolerations). `evicted`:
+    UIDs of pods evicted already, whose deletion the cached `pods` may not show yet (they are neither
+    evicted again nor pending).
 
     Due times count from `marked_at` (the record's status.markedAt) plus the smallest matching
     tolerationSeconds. A pod using several claims that hold the device is evicted once, at the
@@ -204,7 +208,7 @@ def plan_record(
     using: set[tuple[str, str, str]] = set()
     for claim in sorted(holders, key=claim_key):
         due = claim_eviction_time(claim, ref, taint, marked_at, server_copies=server_copies_tolerations)
-        for pod in affected_pods(claim, pods):
+        for pod in affected_pods(claim, pods, evicted):
             using.add(pod)
             if due is None:
                 continue

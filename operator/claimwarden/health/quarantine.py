@@ -6,6 +6,7 @@ The rules this follows are the quarantine trap's, in the package docstring (rule
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..cache import Body, Cache
@@ -19,6 +20,7 @@ log = logging.getLogger("claimwarden.health")
 
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+EXPECTATION_SECONDS = 60.0  # how long a write of ours may take to come back through the watch
 
 class Quarantine:
     """The quarantine claims of each record in claimwarden's namespace, and its DeviceTaintRule."""
@@ -29,10 +31,28 @@ class Quarantine:
         self.namespace = namespace
         self._taint_rule_version: str | None = None
         self._taint_rule_checked = False
+        # What this process wrote that the watch may not have brought back yet: claims it deleted (uid ->
+        # when) and the claim it last created and allocated per record. Without them a reconcile right
+        # after a re-assertion saw the old claim and the new one, took that for a crash mid-reassert and
+        # replaced the new claim again (a churn of quarantine claims under watch lag).
+        self._deleted: dict[str, float] = {}
+        self._created: dict[str, Body] = {}
 
     def claims_of(self, record_name: str) -> list[Body]:
         """The record's quarantine claims, oldest name first."""
-        return self.cache.claims_for_record(self.namespace, records.label_value(record_name))
+        moment = time.monotonic()
+        self._deleted = {uid: at for uid, at in self._deleted.items() if moment - at < EXPECTATION_SECONDS}
+        cached = self.cache.claims_for_record(self.namespace, records.label_value(record_name))
+        claims = [c for c in cached if c["metadata"].get("uid") not in self._deleted]
+        created = self._created.get(record_name)
+        if created is not None:
+            uid = created["metadata"].get("uid")
+            same = [c for c in claims if c["metadata"].get("uid") == uid]
+            if uid in self._deleted or (same and _version(same[0]) >= _version(created)):
+                del self._created[record_name]  # the cache has caught up (or it is gone again)
+            else:  # not in the cache yet, or only as created, before its allocation
+                claims = [c for c in claims if c["metadata"].get("uid") != uid] + [created]
+        return sorted(claims, key=lambda c: str(c["metadata"].get("name")))
 
     async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, reassert: bool) -> list[str]:
         """Keep the device held by exactly one allocated quarantine claim; return its name.
@@ -61,7 +81,7 @@ class Quarantine:
                 raise
             await self.kube.create_namespace(self.namespace)
             created = await self.kube.create_claim(self.namespace, body)
-        await self._allocate(created, ref, node)
+        self._created[record["metadata"]["name"]] = await self._allocate(created, ref, node)
         log.info("device %s quarantined by claim %s/%s", ref, self.namespace, created["metadata"]["name"])
         return [created["metadata"]["name"]]
 
@@ -81,6 +101,7 @@ class Quarantine:
 
     async def _delete(self, claim: Body) -> None:
         await self.kube.delete_claim(self.namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+        self._deleted[claim["metadata"]["uid"]] = time.monotonic()
 
     async def release_orphans(self) -> None:
         """Quarantine claims whose record is gone (deleted while claimwarden was down).
@@ -97,9 +118,9 @@ class Quarantine:
             if label not in live:
                 await self.release(claims)
 
-    async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> None:
+    async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> Body:
         node = node or plan.slice_node(self.cache.resource_slices(), ref)
-        await self.kube.patch_claim_status(self.namespace, claim["metadata"]["name"], [
+        return await self.kube.patch_claim_status(self.namespace, claim["metadata"]["name"], [
             {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
             {"op": "add", "path": "/status", "value": {"allocation": plan.quarantine_allocation(ref, node)}}])
 
@@ -142,3 +163,8 @@ class Quarantine:
                 log.info("DeviceTaintRule served as resource.k8s.io/%s: unhealthy devices also get a NoSchedule "
                          "rule", self._taint_rule_version)
         return self._taint_rule_version
+
+
+def _version(claim: Body) -> int:
+    version = str(claim["metadata"].get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
