@@ -37,6 +37,17 @@ def test_preview_names_the_pods_a_noexecute_mark_would_evict_and_those_that_tole
     assert found.tolerating == 1
 
 
+def test_preview_counts_the_pods_of_a_podgroup_the_claim_is_reserved_for() -> None:
+    claim = _claim("group-claim", [])
+    claim["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "team",
+                                       "uid": "team-uid"}]
+    pods = [_pod("m1", "group-claim"), _pod("m2", "group-claim"), _pod("stranger", "group-claim")]
+    for pod in pods[:2]:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "team"}
+    found = preview(Snapshot(claims=[claim], pods=pods), REF)
+    assert found.evict == ("ns/m1", "ns/m2") and found.tolerating == 0
+
+
 def test_approval_carries_the_users_name_and_refuses_an_unknown_user() -> None:
     assert approval("rec", "alice") == {"metadata": {"annotations": {"claimwarden.io/approved-by": "alice"}}}
     with pytest.raises(MarkError):

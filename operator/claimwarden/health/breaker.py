@@ -15,8 +15,9 @@ computes the same). The limit is a fraction of the pods holding devices of that 
   ValidatingAdmissionPolicy) is outside the breaker: its pods are neither counted nor held back.
 
 The "pods holding devices" of a driver are those in `reservedFor` of the claims allocated one of
-its devices, plus the pods evicted in the window, approved or not (they held one until claimwarden
-evicted them; without them the limit would shrink with every eviction). Pods are identified by "namespace/name",
+its devices (for a PodGroup entry: the group's pods that use the claim), plus the pods evicted in
+the window, approved or not (they held one until claimwarden evicted them; without them the limit
+would shrink with every eviction). Pods are identified by "namespace/name",
 so a pod being evicted is never counted twice.
 
 Small clusters: the fraction never allows fewer than `min_pods` (default 8, one node's worth of
@@ -26,11 +27,12 @@ GPUs), so one broken node is always emptied at once; `--breaker-max-pods` is a h
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from claimwarden.claims.podgroups import is_podgroup_reservation
 from claimwarden.podclaims import allocated_devices, is_pod_reservation, metadata, reserved_for
 from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
@@ -158,22 +160,27 @@ def _duration(window: timedelta) -> str:
 
 # --- the inputs, from plain objects -------------------------------------------------------------
 
-def holding_pods(claims: Iterable[dict[str, Any]], skip_namespace: str) -> dict[str, set[str]]:
+def holding_pods(claims: Iterable[dict[str, Any]], skip_namespace: str,
+                 podgroup_pods: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> dict[str, set[str]]:
     """driver -> pods ("namespace/name") in reservedFor of claims allocated its devices, in one pass.
 
     Claims in `skip_namespace` (claimwarden's own: quarantine claims hold no pods) are skipped.
+    `podgroup_pods(claim)`: the names of the pods holding the claim through a PodGroup entry of its
+    reservedFor (health/groups.py); None counts pod entries only.
     """
     found: dict[str, set[str]] = {}
     for claim in claims:
         namespace = str(metadata(claim).get("namespace") or "")
         if namespace == skip_namespace:
             continue
-        entries = [e for e in reserved_for(claim) if is_pod_reservation(e)]
-        if not entries:
+        names = {str(e.get("name") or "") for e in reserved_for(claim) if is_pod_reservation(e)}
+        if podgroup_pods is not None and any(is_podgroup_reservation(e) for e in reserved_for(claim)):
+            names.update(podgroup_pods(claim))
+        if not names:
             continue
         for driver in {device[0] for device in allocated_devices(claim)}:
             pods = found.setdefault(driver, set())
-            pods.update(f"{namespace}/{e.get('name') or ''}" for e in entries)
+            pods.update(f"{namespace}/{name}" for name in names)
     return found
 
 

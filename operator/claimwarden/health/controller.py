@@ -28,7 +28,7 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import breaker, plan, records
+from . import breaker, groups, plan, records
 from .budget import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from .evictions import Evictions
 from .marks import Marks
@@ -217,7 +217,9 @@ class HealthController:
         """driver -> pods holding its devices: one pass over the claims, reused for HOLDING_TTL seconds."""
         taken, holding = self._holding
         if time.monotonic() - taken >= HOLDING_TTL:
-            holding = breaker.holding_pods(self.cache.claims(), self.namespace)
+            pods = self.cache.pods()
+            holding = breaker.holding_pods(self.cache.claims(), self.namespace, lambda claim: [
+                str(pod["metadata"]["name"]) for pod in groups.group_pods(claim, pods, self.cache.pods_in_podgroup)])
             self._holding = (time.monotonic(), holding)
         return holding
 
@@ -289,7 +291,8 @@ class HealthController:
         # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
         record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
                                        server_copies_tolerations=self.server_copies_tolerations(),
-                                       evicted=self.evictions.evicted_pods())
+                                       evicted=self.evictions.evicted_pods(),
+                                       podgroup_members=self.cache.pods_in_podgroup)
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         released = memory.holders - holders

@@ -2,7 +2,8 @@
 
 A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record and the pod
 from the API, together, because the indices may hold objects deleted while a watch was down; a pod
-is evicted only while both still say so and its claim holds the device reserved for it. A burst
+is evicted only while both still say so and its claim holds the device reserved for it (or for the
+pod's PodGroup, with the pod using it: groups.py). A burst
 costs little more than the evictions themselves (README "The eviction budget", throughput): the pods
 of one record share a read of it made within RECORD_READ_SHARE seconds; the claim is taken from the
 cache when it agrees (a claim reserved for the running pod just read keeps its allocation) and read
@@ -36,7 +37,7 @@ from ..kube.errors import ApiError
 from ..podclaims import is_being_deleted, is_reserved_for
 from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
-from . import breaker, plan, records
+from . import breaker, groups, plan, records
 from .budget import TokenBucket
 from .counts import CountWrites
 
@@ -217,10 +218,13 @@ class Evictions:
         # The claim from the cache is enough when it says yes: the pod just read is running with this UID,
         # and a claim reserved for a running pod keeps its allocation. Only a no is confirmed with a read.
         cached = self.cache.claim(namespace, claim_name) if self.cache is not None else None
-        if cached is not None and plan.holds_device(cached, ref) and is_reserved_for(cached, uid):
+        if cached is not None and plan.holds_device(cached, ref) and (
+                is_reserved_for(cached, uid) or groups.holds_through_group(cached, pod)):
             return record, pod, ref
         claim = await self.kube.get_claim(namespace, claim_name)
-        if claim is None or not plan.holds_device(claim, ref) or not is_reserved_for(claim, uid):
+        if claim is None or not plan.holds_device(claim, ref):
+            return None
+        if not is_reserved_for(claim, uid) and not groups.holds_through_group(claim, pod):
             return None
         return record, pod, ref
 

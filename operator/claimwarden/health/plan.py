@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from claimwarden.health.groups import GroupMembers, group_pods
 from claimwarden.health.records import (
     DRAIN_ALLOW_COMPLETION,
     DRAIN_EVICT_AFTER,
@@ -158,10 +159,14 @@ def is_evictable(pod: dict[str, Any] | None, uid: str) -> bool:
 
 
 def affected_pods(
-    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], evicted: frozenset[str] = frozenset()
+    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], evicted: frozenset[str] = frozenset(),
+    podgroup_members: GroupMembers | None = None,
 ) -> list[tuple[str, str, str]]:
     """(namespace, name, uid) of the evictable pods the claim is reserved for and that use it; pods whose
-    UID is in `evicted` are already on their way out, like pods being deleted."""
+    UID is in `evicted` are already on their way out, like pods being deleted.
+
+    With `podgroup_members`, a PodGroup entry of reservedFor stands for the group's pods (groups.py).
+    """
     namespace = str(metadata(claim).get("namespace") or "")
     found = []
     for entry in reserved_for(claim):
@@ -171,7 +176,19 @@ def affected_pods(
         pod = pods.get((namespace, name))
         if pod is not None and uid not in evicted and is_evictable(pod, uid) and pod_uses_claim(pod, claim):
             found.append((namespace, name, uid))
+    if podgroup_members is not None:
+        seen = set(found)
+        found.extend(member for member in podgroup_evictable(claim, pods, podgroup_members)
+                     if member not in seen and member[2] not in evicted)
     return found
+
+
+def podgroup_evictable(
+    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], podgroup_members: GroupMembers
+) -> list[tuple[str, str, str]]:
+    """(namespace, name, uid) of the evictable pods that hold the claim through its PodGroup entry."""
+    return [(str(metadata(pod).get("namespace") or ""), str(metadata(pod).get("name") or ""), pod_uid(pod))
+            for pod in group_pods(claim, pods, podgroup_members) if is_evictable(pod, pod_uid(pod))]
 
 
 # --- the plan -----------------------------------------------------------------------------------
@@ -185,6 +202,7 @@ def plan_record(
     *,
     server_copies_tolerations: bool = False,
     evicted: frozenset[str] = frozenset(),
+    podgroup_members: GroupMembers | None = None,
 ) -> RecordPlan:
     """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
 
@@ -192,7 +210,8 @@ def plan_record(
     claimwarden's own, where its quarantine claims live. `server_copies_tolerations`: the server's
     allocator copies tolerations into allocation results (tolerations.result_tolerations). `evicted`:
     UIDs of pods evicted already, whose deletion the cached `pods` may not show yet (they are neither
-    evicted again nor pending).
+    evicted again nor pending). `podgroup_members` finds the pods of a PodGroup a claim is reserved
+    for (None: only pod entries of reservedFor count).
 
     Due times count from `marked_at` (the record's status.markedAt) plus the smallest matching
     tolerationSeconds. A pod using several claims that hold the device is evicted once, at the
@@ -208,7 +227,7 @@ def plan_record(
     using: set[tuple[str, str, str]] = set()
     for claim in sorted(holders, key=claim_key):
         due = claim_eviction_time(claim, ref, taint, marked_at, server_copies=server_copies_tolerations)
-        for pod in affected_pods(claim, pods, evicted):
+        for pod in affected_pods(claim, pods, evicted, podgroup_members):
             using.add(pod)
             if due is None:
                 continue

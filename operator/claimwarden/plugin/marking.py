@@ -120,6 +120,7 @@ class Preview:
 
 def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
     """The pods a NoExecute mark of `ref` would evict, by the health controller's own plan."""
+    from claimwarden.health.groups import members_of
     from claimwarden.health.plan import plan_record
     from claimwarden.health.tolerations import copies_tolerations
 
@@ -128,7 +129,8 @@ def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
     pods = {(str((p.get("metadata") or {}).get("namespace")), str((p.get("metadata") or {}).get("name"))): p
             for p in snapshot.pods}
     decided = plan_record(record, snapshot.claims, pods, snapshot.now, snapshot.claimwarden_namespace,
-                          server_copies_tolerations=copies_tolerations(snapshot.claims))
+                          server_copies_tolerations=copies_tolerations(snapshot.claims),
+                          podgroup_members=members_of(snapshot.pods))
     return Preview(tuple(sorted(f"{e.namespace}/{e.pod}" for e in decided.evict)), decided.tolerated)
 
 
