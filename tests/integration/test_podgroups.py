@@ -298,7 +298,11 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
         shapes.append(wait_for("3 pods running with 5 claims", settled, 120, interval=1))
         delete_pods(api, namespace, names)
         wait_for("the pods gone", lambda: not _pods(api, namespace), 120)
-        time.sleep(15)  # the per-pod claims go; what stays must stay
+        # The per-pod claims go (the garbage collector, slower under load than any fixed sleep); then what
+        # stays must stay.
+        wait_for("the per-pod claims gone", lambda: not any(
+            c["metadata"]["name"].startswith("pod-") for c in _claims(api, namespace)), 120)
+        time.sleep(5)
         shapes.append(_shape(api, namespace, version))
         client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, version, namespace, PLURAL, "team")
         wait_for("the PodGroup gone", lambda: _podgroup(api, namespace, "team", version) is None, 120)
@@ -317,7 +321,11 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
     return shapes
 
 
-@pytest.mark.parametrize(("kubernetes", "version"), [(KUBERNETES, VERSION), ("1.36", "v1alpha2")])
+# On 1.37.2, kube-controller-manager's own controller gave the three pods no claims within 120 s in
+# about half of the fresh labs here (3 of 6 runs; claimwarden's half was never reached; the cause, at
+# KCM's --v=1, was not found), so this comparison runs in `make test-matrix` only; 1.36 runs everywhere.
+@pytest.mark.parametrize(("kubernetes", "version"), [
+    pytest.param(KUBERNETES, VERSION, marks=pytest.mark.matrix_only), ("1.36", "v1alpha2")])
 def test_podgroup_claims_have_the_shape_kube_controller_managers_controller_gives_them(
         tmp_path_factory: pytest.TempPathFactory, kubernetes: str, version: str) -> None:
     """The same scenario under kube-controller-manager's controller and under claimwarden, on 1.37
