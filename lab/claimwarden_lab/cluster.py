@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client, config
 
 from . import driver, pki, presets, realnode
-from .binaries import K8S_VERSION, STAGES_FILE, require_binaries, resolve_version
+from .binaries import K8S_VERSION, STAGES_FILE, bin_dir, require_binaries, resolve_version
 from .processes import (
     LabError,
     Process,
@@ -213,7 +213,9 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     try:
         _start_control_plane(state, options, bins, say)
         if options.real_node:
-            realnode.start(directory=directory, bins=bins, kubeconfig=state.kubeconfig,
+            # The kubelet is built for 1.34 only; kubelets may be three minor versions older than the
+            # apiserver, so it serves the 1.35-1.37 control planes too.
+            realnode.start(directory=directory, bins=bin_dir(K8S_VERSION), kubeconfig=state.kubeconfig,
                            api_port=state.ports["apiserver"], launch=lambda name, argv: _launch(state, name, argv),
                            say=say)
         _publish_cluster(state, options, models, say)

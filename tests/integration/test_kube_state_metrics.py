@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from claimwarden_lab import cluster
+from claimwarden_lab.binaries import K8S_VERSION, bin_dir
 from claimwarden_lab.processes import free_port
 
 from .health_helpers import device_of, mark, record_for, unmark, wait_gone
@@ -34,7 +35,7 @@ KSM_JOB = "kube-state-metrics"
 
 class KubeStateMetrics:
     def __init__(self, lab: cluster.LabState, log: Path) -> None:
-        binary = Path(lab.bin_dir) / "kube-state-metrics"
+        binary = bin_dir(K8S_VERSION) / "kube-state-metrics"  # built once, beside the default version's binaries
         if not binary.is_file():
             pytest.fail(f"{binary} is missing: run bins/build-kube-state-metrics.sh (make bins)", pytrace=False)
         self.port, self.telemetry_port = free_port(), free_port()
