@@ -6,7 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -61,24 +61,21 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _qps(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate of evictions per second (0 means no budget)")
-    return value
+def _rate(what: str, zero: str) -> Callable[[str], float]:
+    """An argparse type for a non-negative rate of `what` per second."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a rate of {what} per second (0 means {zero})")
+        return value
+    return parse
 
 
-def _api_qps(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate of API requests per second (0 means no limit)")
-    return value
+_qps = _rate("evictions", "no budget")
+_api_qps = _rate("API requests", "no limit")
 
 
 def _burst(text: str) -> int:

@@ -34,6 +34,25 @@ FAILED_CREATION = "FailedResourceClaimCreation"
 # A claim we just created stays visible to planning until the watch delivers it (upstream keeps a
 # mutation cache for the same reason): without it a quick retry would create a second claim.
 RECENT_TTL = 300.0
+
+
+def with_recent(cached: list[Body], recents: dict[str, dict[str, tuple[float, Body]]], owner_uid: str) -> list[Body]:
+    """The owner's claims in the cache plus those created for it that the cache does not show yet.
+
+    `recents` (owner UID -> claim name -> (monotonic creation time, body)) forgets a claim once the
+    cache shows it or after RECENT_TTL.
+    """
+    now = time.monotonic()
+    owned = {c["metadata"]["name"]: c for c in cached}
+    recent = recents.get(owner_uid, {})
+    for claim_name, (created_at, body) in list(recent.items()):
+        if now - created_at > RECENT_TTL or claim_name in owned:
+            del recent[claim_name]
+        else:
+            owned[claim_name] = body
+    if not recent:
+        recents.pop(owner_uid, None)
+    return list(owned.values())
 APPLIED_FRESH = 10.0
 
 
@@ -148,17 +167,7 @@ class ClaimsController:
         return GroupView(name, podgroup, tuple(owned))
 
     def _owned_claims(self, namespace: str, pod_uid: str) -> list[Body]:
-        now = time.monotonic()
-        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by(namespace, pod_uid)}
-        recent = self._recent.get(pod_uid, {})
-        for claim_name, (created_at, body) in list(recent.items()):
-            if now - created_at > RECENT_TTL or claim_name in owned:
-                del recent[claim_name]
-            else:
-                owned[claim_name] = body
-        if not recent:
-            self._recent.pop(pod_uid, None)
-        return list(owned.values())
+        return with_recent(self.cache.claims_owned_by(namespace, pod_uid), self._recent, pod_uid)
 
     async def _create(self, pod: Body, create: plan.CreateClaim, template: Body) -> Body:
         namespace = pod["metadata"]["namespace"]

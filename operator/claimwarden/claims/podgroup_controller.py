@@ -16,7 +16,7 @@ from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..workqueue import Retry, WorkQueue
 from . import podgroups
-from .controller import FAILED_CREATION, RECENT_TTL
+from .controller import FAILED_CREATION, with_recent
 
 log = logging.getLogger("claimwarden.podgroups")
 
@@ -56,17 +56,7 @@ class PodGroupsController:
 
     def owned_claims(self, namespace: str, uid: str) -> list[Body]:
         """Claims the PodGroup controls: the cache's, plus those created here that it does not show yet."""
-        now = time.monotonic()
-        owned = {c["metadata"]["name"]: c for c in self.cache.claims_owned_by_podgroup(namespace, uid)}
-        recent = self._recent.get(uid, {})
-        for claim_name, (created_at, body) in list(recent.items()):
-            if now - created_at > RECENT_TTL or claim_name in owned:
-                del recent[claim_name]
-            else:
-                owned[claim_name] = body
-        if not recent:
-            self._recent.pop(uid, None)
-        return list(owned.values())
+        return with_recent(self.cache.claims_owned_by_podgroup(namespace, uid), self._recent, uid)
 
     async def reconcile(self, key: Hashable) -> None:
         namespace, name = cast(tuple[str, str], key)
