@@ -55,11 +55,15 @@ def test_allow_completion_lets_pods_finish_evicts_none_and_takes_no_new_work(
                 c["reason"] == "WaitingForCompletion" else None))
             assert record["spec"]["drain"] == "AllowCompletion" and record["status"]["podsPending"] == 1
             assert "may run to completion" in _condition(record, "Evicting")["message"]  # type: ignore[index]
-            wait_for("the device quarantined", lambda pool=pool, device=device: len(holders(api, pool, device)) == 2)
+            # The running pod's claim keeps new work off the device until the quarantine claim takes over.
+            wait_for("the device held", lambda pool=pool, device=device: (c := _condition(
+                record_for(api, pool, device), "Quarantined")) and c["reason"] == "HeldByClaims")
 
         _finish(api, namespace, "finisher")
         wait_for("the finished pod no longer pending", lambda: _status(api, *devices["finisher"]).get(
             "podsPending") == 0)
+        wait_for("the finished pod's device held by the quarantine claim alone", lambda: (
+            found := holders(api, *devices["finisher"])) and all(h.startswith("claimwarden-system/") for h in found))
         assert _condition(record_for(api, *devices["finisher"]), "Evicting")["reason"] == "Completed"  # type: ignore[index]
         time.sleep(3)
         assert _running(core, namespace, "runner")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -66,7 +67,9 @@ def test_marked_device_evicts_its_pod_and_spares_the_others(api: client.ApiClien
     record = wait_for("the record counts the eviction", lambda: (
         r if (r := record_for(api, pool, device)) and (r.get("status") or {}).get("podsEvicted") == 1 else None))
     assert record["spec"]["effect"] == "NoExecute" and record["spec"]["source"] == "annotation"
-    wait_for("the record's Event", lambda: events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice"))
+    # One Event per eviction, on the pod; the record's status names the pod instead of a second Event.
+    assert any(entry.get("pod") == f"{namespace}/victim" for entry in record["status"]["recentEvictions"]), record
+    assert not events(api, "default", record["metadata"]["name"], "EvictedUnhealthyDevice")
     assert client.CoreV1Api(api).read_namespaced_pod("bystander", namespace).status.phase == "Running"
     exposition = claimwarden.metrics()
     assert _counter(exposition, 'claimwarden_evictions_total{result="evicted"}') >= 1
@@ -198,11 +201,26 @@ def test_effect_noschedule_quarantines_without_evicting(api: client.ApiClient, n
     pool, device = device_of(api, namespace, "pod")
     create_record(api, f"no-schedule-{namespace}", pool, device, "NoSchedule", "draining")
     try:
-        wait_for("a quarantine claim", lambda: len(holders(api, pool, device)) == 2)
+        # While the pod's claim holds the device, that claim keeps new work away: no quarantine claim yet.
+        wait_for("the record saying the device is held", lambda: _condition(
+            record_for(api, pool, device), "Quarantined") == ("True", "HeldByClaims"))
         time.sleep(3)
         assert _running(client.CoreV1Api(api), namespace, "pod")
+        [claim] = holders(api, pool, device)
+        # The pod finishing lets go of the device; the quarantine claim takes it, and only that.
+        client.CoreV1Api(api).delete_namespaced_pod("pod", namespace, grace_period_seconds=0)
+        wait_for("the quarantine claim alone holding the device",
+                 lambda: (found := holders(api, pool, device)) and claim not in found
+                 and all(h.startswith("claimwarden-system/") for h in found))
+        wait_for("the record saying the quarantine claim holds it", lambda: _condition(
+            record_for(api, pool, device), "Quarantined") == ("True", "QuarantineClaimAllocated"))
     finally:
         delete_record(api, f"no-schedule-{namespace}")
+
+
+def _condition(record: dict[str, Any] | None, kind: str) -> tuple[str, str] | None:
+    found = next((c for c in ((record or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+    return (found["status"], found["reason"]) if found else None
 
 
 def test_an_expired_record_clears_itself(api: client.ApiClient, claimwarden: Operator) -> None:

@@ -66,3 +66,13 @@ def test_any_status_write_paces_the_next_one() -> None:
     assert counts.wait("a", 5.1) == pytest.approx(0.2)
     assert counts.wait("a", 5.3) == 0.0
     assert counts.unsaved() == []
+
+
+def test_a_settling_first_write_waits_from_when_it_was_first_asked_for() -> None:
+    writes = CountWrites()
+    assert writes.wait("r", 10.0, settle=1.0) == pytest.approx(1.0)
+    # Asked again meanwhile (a reconcile per eviction): the wait runs from the first ask, not from each.
+    assert writes.wait("r", 10.6, settle=1.0) == pytest.approx(0.4)
+    assert writes.wait("r", 11.2, settle=1.0) == 0.0
+    writes.written("r", 11.2, writes.version("r"))
+    assert writes.wait("r", 11.3, settle=1.0) == pytest.approx(COUNT_INTERVAL - 0.1)

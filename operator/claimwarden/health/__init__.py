@@ -22,7 +22,9 @@ code refers to them by number:
    claim: clearing and re-writing the allocation of the old one would be a deallocation, and a
    deallocation makes the scheduler retry pending pods while the device looks free. The old claim
    is deleted first (the device is already forgotten, and a deletion wakes nobody), so one
-   quarantine claim per record is the bound.
+   quarantine claim per record is the bound. It follows that a quarantine claim made while other
+   claims hold the device protects nothing (they keep it allocated, and their release makes the
+   scheduler forget it anyway): the first one is made when they let go (``plan.quarantine_step``).
 2. A generated claim on a quarantined device is released by deleting it with its allocation
    rather than by deallocating it: in 1.34 a deletion does not wake pending pods.
 3. On clearing, the quarantine claim is deallocated (waking waiting pods, which may now take the

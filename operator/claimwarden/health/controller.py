@@ -45,6 +45,7 @@ BREAKER_OPEN = "EvictionBreakerOpen"
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
+FIRST_WRITE_SETTLE = 1.0  # seconds a record's first status waits while its pods are being evicted
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ class RecordMemory:
     """What the controller knows of a record between reconciles, seeded from its status after a restart."""
 
     holders: set[str] = field(default_factory=set)
-    """The other claims allocated the device when the quarantine was last asserted."""
-    quarantined: bool = False
+    """The other claims allocated the device when the record was last reconciled."""
 
 
 class HealthController:
@@ -296,21 +296,26 @@ class HealthController:
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         released = memory.holders - holders
-        quarantine = await self.quarantine.sync(record, ref, needed=record_plan.quarantine_needed,
-                                                reassert=bool(released) or not memory.quarantined)
-        memory.quarantined = record_plan.quarantine_needed
-        memory.holders = holders
-        rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed)
+        # The evictions go first; quarantine, rule and status follow (none of them protects anything while
+        # the pods to evict still hold the device, README "Keeping new work away").
         approved = breaker.approved_by(record)
         decision = self._breaker_for(record, ref, record_plan, approved)
-        if decision.allows() or approved is not None:
+        evicting = decision.allows() or approved is not None
+        if evicting:
             for eviction in record_plan.evict:
                 self.evictions.schedule(name, eviction, moment)
         else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
             self.record_queue.add_after(name, _until_room(decision, moment))
+        evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
         await self._note_breaker(decision, record)
+        quarantine = await self.quarantine.sync(record, ref, needed=record_plan.quarantine_needed,
+                                                held=bool(holders), released=bool(released))
+        memory.holders = holders
+        rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed,
+                                                     defer=evicting_now)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
-        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved)
+        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
+                                 settle=evicting_now)
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -334,7 +339,10 @@ class HealthController:
                 self._claim_records.pop((namespace, claim), None)
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
-                            quarantine: list[str], rule: str, *, paused: str, approved: str | None) -> None:
+                            quarantine: list[str], rule: str, *, paused: str, approved: str | None,
+                            settle: bool = False) -> None:
+        """Write the record's status when it changed, paced (counts.py); with `settle` (its pods are being
+        evicted now) the first write waits a moment, so that it carries their evictions."""
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
@@ -349,9 +357,7 @@ class HealthController:
             evicting = ("False", "NoEviction", f"effect {effect} evicts nothing; "
                         f"{record_plan.would_evict} pod(s) would be evicted by NoExecute")
         conditions = [
-            _condition(status, "Quarantined", *(("True", "QuarantineClaimAllocated",
-                                                 f"held by {', '.join(quarantine)}") if quarantine else
-                                                ("False", "NotQuarantined", f"effect {effect} does not quarantine"))),
+            _condition(status, "Quarantined", *_quarantined(effect, quarantine, record_plan)),
             _condition(status, "Evicting", *evicting),
         ]
         if paused:
@@ -380,7 +386,7 @@ class HealthController:
             # written, or the same status goes out again every reconcile until it does.
             status = {**status, **written[1]}
         if any(status.get(k) != v for k, v in desired.items()):
-            wait = self.evictions.counts.wait(name, time.monotonic())
+            wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
             if wait > 0:  # paced (counts.py): this reconcile comes back and writes what is then true
                 self.record_queue.add_after(name, wait)
                 return
@@ -398,8 +404,7 @@ class HealthController:
         name = record["metadata"]["name"]
         if name not in self._memory:
             status = record.get("status") or {}
-            self._memory[name] = RecordMemory(holders=set(status.get("deviceHolders") or []),
-                                              quarantined=bool(status.get("quarantineClaims")))
+            self._memory[name] = RecordMemory(holders=set(status.get("deviceHolders") or []))
         return self._memory[name]
 
     def _forget_record(self, name: str) -> None:
@@ -431,6 +436,19 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
         return ("True", "WaitingForDeadline", f"{pending} pod(s) may finish until {format_rfc3339(deadline)} "
                 f"(drain {drain}), then they are evicted; the device takes no new work")
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
+
+
+def _quarantined(effect: str, quarantine: list[str], record_plan: plan.RecordPlan) -> tuple[str, str, str]:
+    """The Quarantined condition: (status, reason, message)."""
+    if quarantine:
+        return "True", "QuarantineClaimAllocated", f"held by {', '.join(quarantine)}"
+    if record_plan.quarantine_needed and record_plan.holders:
+        # Claims that hold a device keep it from new work as well; the quarantine claim follows them.
+        return ("True", "HeldByClaims", f"held by {', '.join(record_plan.holders)}; a quarantine claim takes "
+                "the device when they let go")
+    if record_plan.quarantine_needed:
+        return "False", "QuarantinePending", "the quarantine claim is being made"
+    return "False", "NotQuarantined", f"effect {effect} does not quarantine"
 
 
 def _resource_version(obj: Body) -> int:

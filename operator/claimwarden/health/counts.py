@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-COUNT_INTERVAL = 0.3  # seconds between two status writes of one record
+COUNT_INTERVAL = 2.0  # seconds between two status writes of one record
 
 
 @dataclass
@@ -23,6 +23,7 @@ class CountWrites:
     _last_write: dict[str, float] = field(default_factory=dict)
     _unsaved: set[str] = field(default_factory=set)
     _changes: dict[str, int] = field(default_factory=dict)
+    _first_asked: dict[str, float] = field(default_factory=dict)
 
     def changed(self, record: str, now: float) -> float:
         """The record's counts changed: seconds until they should be written (0: now)."""
@@ -30,11 +31,13 @@ class CountWrites:
         self._changes[record] = self._changes.get(record, 0) + 1
         return self.wait(record, now)
 
-    def wait(self, record: str, now: float) -> float:
-        """Seconds until the record's status may be written again (0: now)."""
+    def wait(self, record: str, now: float, *, settle: float = 0.0) -> float:
+        """Seconds until the record's status may be written again (0: now). `settle`: a first write waits
+        that long after it was first asked for (so that it carries what is about to change)."""
         last = self._last_write.get(record)
         if last is None:
-            return 0.0
+            first = self._first_asked.setdefault(record, now)
+            return max(first + settle - now, 0.0)
         return max(last + self.interval - now, 0.0)
 
     def version(self, record: str) -> int:
@@ -58,3 +61,4 @@ class CountWrites:
         self._unsaved.discard(record)
         self._last_write.pop(record, None)
         self._changes.pop(record, None)
+        self._first_asked.pop(record, None)

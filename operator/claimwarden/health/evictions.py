@@ -1,23 +1,28 @@
 """Evicting the pods of a marked device, one pod per key, through the Eviction API.
 
-A key is (record, namespace, pod, pod UID, claim). Each attempt re-reads the record and the pod
-from the API, together, because the indices may hold objects deleted while a watch was down; a pod
-is evicted only while both still say so and its claim holds the device reserved for it (or for the
-pod's PodGroup, with the pod using it: groups.py). A burst
-costs little more than the evictions themselves (README "The eviction budget", throughput): the pods
-of one record share a read of it made within RECORD_READ_SHARE seconds; the claim is taken from the
-cache when it agrees (a claim reserved for the running pod just read keeps its allocation) and read
-only to confirm a no; pods this process evicted are not read again; and the record's count is
-written by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with
-back-off until the budget allows it or the mark is cleared.
+A key is (record, namespace, pod, pod UID, claim). Each attempt decides on a fresh read of the
+record, because the indices may hold a record cleared while a watch was down, and on the cached
+pod, pinned by the eviction's preconditions: its UID and resourceVersion. The server refuses the
+eviction with 409 when the pod changed since the cache saw it; the pod is then read and the
+decision made again. A pod is evicted only while the record still says so and its claim holds the
+device reserved for it (or for the pod's PodGroup, with the pod using it: groups.py).
+
+A burst costs little more than the evictions themselves (README "The eviction budget",
+throughput): the evictions due within RECORD_READ_SHARE seconds of each other share one LIST of
+the records (a single eviction reads its record by name); the claim is taken from the cache when
+it agrees (a claim reserved for the running pod keeps its allocation) and read only to confirm a
+no; pods this process evicted are not read again; one Event goes on the pod, posted beside the
+evictions rather than before the next one (``EventPoster``); and the record's counts are written
+by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with back-off
+until the budget allows it or the mark is cleared.
 
 Right before the call two guards apply, in this order (README "What claimwarden will not do
 without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
-its limit; taking that room and counting the eviction afterwards happen without an `await` in
-between, so concurrent workers cannot overshoot — and then the eviction budget (budget.py), one
-token per call. An eviction the breaker holds back is dropped here; its record is looked at again
-when the window frees room (approvals and cleared marks wake it through their own events).
+its limit; taking that room and counting the eviction afterwards are tracked in ``_in_flight``, so
+concurrent workers cannot overshoot — and then the eviction budget (budget.py), one token per
+call. An eviction the breaker holds back is dropped here; its record is looked at again when the
+window frees room (approvals and cleared marks wake it through their own events).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
 EVICTED_MEMORY_SECONDS = 600.0
-RECORD_READ_SHARE = 0.5  # seconds one read of a record serves the evictions of its other pods
+RECORD_READ_SHARE = 0.5  # seconds one LIST of the records serves every eviction due meanwhile
+EVENT_POSTERS = 4  # Events posted at once: enough to keep up, few enough that evictions go first
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
@@ -84,7 +90,8 @@ class Evictions:
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
         self.counts = CountWrites()
-        self._record_reads: dict[str, tuple[float, asyncio.Future[Body | None]]] = {}
+        self._records_read: tuple[float, asyncio.Future[dict[str, Body]]] | None = None
+        self.events = EventPoster(post_event)
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -115,7 +122,6 @@ class Evictions:
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
         self.counts.forget(record_name)
-        self._record_reads.pop(record_name, None)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -138,7 +144,7 @@ class Evictions:
             metrics.EVICTIONS_DEFERRED.labels("budget").inc()
             raise Requeue(wait, "budget")
         try:
-            await self.kube.evict_pod(namespace, pod_name, uid)
+            evicted = await self._evict(namespace, pod_name, uid, pod)
         except ApiError as exc:
             self._release(ref.driver)
             if exc.disruption_budget:
@@ -157,6 +163,11 @@ class Evictions:
         except BaseException:  # a timeout or cancellation: the room is not used
             self._release(ref.driver)
             raise
+        if evicted is None:  # the pod read after a conflict is gone, replaced or terminating
+            self._release(ref.driver)
+            self._pdb_attempts.pop(key, None)
+            return
+        pod = evicted
         self.recent(record).append(breaker.Recent(f"{namespace}/{pod_name}", now()))
         self._release(ref.driver)
         self._pdb_attempts.pop(key, None)
@@ -170,10 +181,28 @@ class Evictions:
         # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown).
         self._on_evicted(record_name, self.counts.changed(record_name, time.monotonic()))
         reason = record["spec"].get("reason", "")
-        message = f"evicted: device {ref} is unhealthy: {reason}"
-        await asyncio.gather(self._post_event(pod, "Warning", EVICTED, message),
-                             self._post_event(record, "Normal", EVICTED, f"pod {namespace}/{pod_name} {message}"))
+        # One Event, on the pod: the record's status counts its evictions and names the recent ones.
+        self.events.post(pod, "Warning", EVICTED, f"evicted: device {ref} is unhealthy: {reason}")
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
+
+    async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body) -> Body | None:
+        """Evict the pod as last seen (`pod`, pinned by its resourceVersion); on a conflict read it and,
+        while it is the same pod and not terminating, evict it as read. The pod evicted, or None."""
+        try:
+            await self.kube.evict_pod(namespace, pod_name, uid, pod["metadata"].get("resourceVersion"))
+            return pod
+        except ApiError as exc:
+            if exc.status != 409 or not pod["metadata"].get("resourceVersion"):
+                raise
+        # The cached pod was not the latest (its status moved on, or it is gone): decide on a fresh read.
+        fresh = await self.kube.get_pod(namespace, pod_name)
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            metrics.EVICTIONS.labels("gone").inc()
+            return None
+        if is_being_deleted(fresh):
+            return None
+        await self.kube.evict_pod(namespace, pod_name, uid, fresh["metadata"].get("resourceVersion"))
+        return fresh
 
     def _breaker_room(self, record: Body, driver: str) -> bool:
         """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
@@ -200,12 +229,17 @@ class Evictions:
 
     async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
                          claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
-        """(record, pod, device) read fresh, when the pod is still to be evicted; else None.
+        """(record read fresh, pod as cached or read, device) when the pod is still to be evicted; else None.
 
-        The three reads go out together: one round trip of waiting instead of three."""
+        The cached pod is enough: the eviction is pinned to its resourceVersion (``_evict``)."""
         if uid in self._evicted_pods:  # evicted by this process: its cached pod may not say so yet
             return None
-        record, pod = await asyncio.gather(self._read_record(record_name), self.kube.get_pod(namespace, pod_name))
+        pod: Body | None
+        cached_pod = self.cache.pod(namespace, pod_name) if self.cache is not None else None
+        if cached_pod is not None and cached_pod["metadata"].get("uid") == uid:
+            record, pod = await self._read_record(record_name), cached_pod
+        else:  # not cached (yet), or cached as another pod: ask the API
+            record, pod = await asyncio.gather(self._read_record(record_name), self.kube.get_pod(namespace, pod_name))
         ref = records.record_ref(record) if record is not None else None
         if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
                 is_being_deleted(record):
@@ -215,8 +249,9 @@ class Evictions:
             return None
         if is_being_deleted(pod):
             return None
-        # The claim from the cache is enough when it says yes: the pod just read is running with this UID,
-        # and a claim reserved for a running pod keeps its allocation. Only a no is confirmed with a read.
+        # The claim from the cache is enough when it says yes: the pod is evicted only as it was seen
+        # (running with this UID), and a claim reserved for a running pod keeps its allocation. Only a no is
+        # confirmed with a read.
         cached = self.cache.claim(namespace, claim_name) if self.cache is not None else None
         if cached is not None and plan.holds_device(cached, ref) and (
                 is_reserved_for(cached, uid) or groups.holds_through_group(cached, pod)):
@@ -229,15 +264,32 @@ class Evictions:
         return record, pod, ref
 
     async def _read_record(self, name: str) -> Body | None:
-        """The record read from the API; pods of one record evicted within RECORD_READ_SHARE seconds of each
-        other share one read (a burst on one device is one GET of its record, not one per pod)."""
+        """The record read from the API. In a burst, the evictions due within RECORD_READ_SHARE seconds of
+        each other share one LIST of all records (a rack of marked devices is a few LISTs, not a GET per
+        pod); a record missing from a shared LIST (created after it) is read by name."""
         moment = time.monotonic()
-        shared = self._record_reads.get(name)
-        if shared is None or moment - shared[0] > RECORD_READ_SHARE or (
-                shared[1].done() and (shared[1].cancelled() or shared[1].exception() is not None)):
-            shared = (moment, asyncio.ensure_future(self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)))
-            self._record_reads[name] = shared
-        return await asyncio.shield(shared[1])
+        shared = self._records_read
+        fresh = shared is not None and moment - shared[0] <= RECORD_READ_SHARE and not (
+            shared[1].done() and (shared[1].cancelled() or shared[1].exception() is not None))
+        if not fresh and len(self.queue) == 0:  # a lone eviction: its record alone
+            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        started_here = not fresh
+        if not fresh or shared is None:
+            shared = (moment, asyncio.ensure_future(self._list_records()))
+            self._records_read = shared
+        listed = await asyncio.shield(shared[1])
+        record = listed.get(name)
+        if started_here:
+            return record
+        # A LIST that began before this record was created or last changed says nothing of it: read it.
+        cached = self.cache.record(name) if self.cache is not None else None
+        if record is None or (cached is not None and _version(cached) > _version(record)):
+            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        return record
+
+    async def _list_records(self) -> dict[str, Body]:
+        items = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+        return {item["metadata"]["name"]: {"apiVersion": RECORDS_API, "kind": records.KIND, **item} for item in items}
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
@@ -269,7 +321,9 @@ class Evictions:
         self.counts.written(record_name, time.monotonic(), version)
 
     async def flush_counts(self) -> None:
-        """Write every count still only in memory (at shutdown, after the workers have stopped)."""
+        """Write every count still only in memory (at shutdown, after the workers have stopped), and let the
+        Events still going out finish."""
+        await self.events.drain()
         for name in self.counts.unsaved():
             if name not in self._evicted:
                 continue
@@ -297,3 +351,38 @@ def _drain_wait(record: Body) -> float | None:
     if marked_at is None:
         return 0.0
     return max((marked_at + drain.after - now()).total_seconds(), 0.0)
+
+
+def _version(obj: Body) -> int:
+    version = str(obj["metadata"].get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
+
+
+class EventPoster:
+    """Posts Events beside the work that causes them: at most EVENT_POSTERS at once, and never waited for
+    by the caller, so a burst of evictions is not slowed by its own Events. `drain` (at shutdown) waits a
+    little for those still going out."""
+
+    def __init__(self, post: PostEvent, limit: int = EVENT_POSTERS) -> None:
+        self._post = post
+        self._slots = asyncio.Semaphore(limit)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def post(self, involved: Body, event_type: str, reason: str, message: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(involved, event_type, reason, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def _send(self, involved: Body, event_type: str, reason: str, message: str) -> None:
+        async with self._slots:
+            try:
+                await self._post(involved, event_type, reason, message)
+            except Exception as exc:  # an Event is worth a log line, never a lost eviction
+                log.warning("could not post event %s on %s: %s", reason, involved["metadata"].get("name"), exc)
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)

@@ -5,6 +5,7 @@ A bad annotation changes nothing and is reported once, as a Warning Event on the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import cast
@@ -19,6 +20,7 @@ log = logging.getLogger("claimwarden.health")
 
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 MARK_ERROR = "InvalidUnhealthyMark"
+CREATE_AT_ONCE = 16
 
 
 class Marks:
@@ -45,13 +47,22 @@ class Marks:
                 self._reported.add(marker)
                 await self._post_event(slice_, "Warning", MARK_ERROR, error.message)
                 log.warning("slice %s: %s", name, error.message)
-        for body in sync.create:
-            try:
-                await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
+        # A slice's records go out together (a rack's worth of marks is one round trip per CREATE_AT_ONCE).
+        slots = asyncio.Semaphore(CREATE_AT_ONCE)
+
+        async def create(body: Body) -> None:
+            async with slots:
+                try:
+                    await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
             log.info("slice %s: device %s marked unhealthy: %s", name, body["spec"]["device"], body["spec"]["reason"])
+
+        failed = [r for r in await asyncio.gather(*(create(b) for b in sync.create), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:  # the queue retries the slice; records already created are 409s then
+            raise failed[0]
         for record_name, reason in sync.update_reason:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
                                                        {"spec": {"reason": reason}})

@@ -6,6 +6,7 @@ keep new work away from it: the quarantine ResourceClaim and, where served, a De
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -85,6 +86,33 @@ class RecordPlan:
     """The non-quarantine claims allocated the device, as sorted "namespace/name"."""
     quarantine_needed: bool = False
     """Effect NoExecute or NoSchedule: park the device with a quarantine claim."""
+
+
+class QuarantineStep(enum.Enum):
+    """What to do with a record's quarantine claims (the quarantine trap's rules, health/__init__.py)."""
+
+    RELEASE = "release"  # not needed (any more): free the device (rule 3)
+    WAIT = "wait"  # other claims hold the device: the scheduler counts it as allocated anyway
+    KEEP = "keep"  # one claim holds it and nobody let go since: keep it (allocating it if a crash left it bare)
+    ASSERT = "assert"  # none yet with the device free, several, or a holder let go: make a new one (rule 1)
+
+
+def quarantine_step(*, needed: bool, claims: int, held: bool, released: bool) -> QuarantineStep:
+    """`claims`: the record's quarantine claims; `held`: other claims hold the device now; `released`: a
+    holder let go of it since the last reconcile, so the scheduler has forgotten the device (rule 1).
+
+    A quarantine claim made while other claims hold the device would protect nothing (rule 1 again:
+    the scheduler forgets the device the moment they let go, whatever else holds it), so it is made
+    when they let go; only then, or when the device is free at marking time, is one needed.
+    """
+    if not needed:
+        return QuarantineStep.RELEASE
+    if not released:
+        if claims == 1:
+            return QuarantineStep.KEEP
+        if claims == 0 and held:
+            return QuarantineStep.WAIT
+    return QuarantineStep.ASSERT
 
 
 # --- taints -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ log = logging.getLogger("claimwarden.health")
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 EXPECTATION_SECONDS = 60.0  # how long a write of ours may take to come back through the watch
+RULE_TRUST_SECONDS = 300.0  # how long what this process knows of a record's DeviceTaintRule is trusted
 
 class Quarantine:
     """The quarantine claims of each record in claimwarden's namespace, and its DeviceTaintRule."""
@@ -37,6 +38,8 @@ class Quarantine:
         # replaced the new claim again (a churn of quarantine claims under watch lag).
         self._deleted: dict[str, float] = {}
         self._created: dict[str, Body] = {}
+        # record -> (whether its DeviceTaintRule exists, when that was last known).
+        self._rules: dict[str, tuple[bool, float]] = {}
 
     def claims_of(self, record_name: str) -> list[Body]:
         """The record's quarantine claims, oldest name first."""
@@ -54,17 +57,23 @@ class Quarantine:
                 claims = [c for c in claims if c["metadata"].get("uid") != uid] + [created]
         return sorted(claims, key=lambda c: str(c["metadata"].get("name")))
 
-    async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, reassert: bool) -> list[str]:
-        """Keep the device held by exactly one allocated quarantine claim; return its name.
+    async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, held: bool, released: bool) -> list[str]:
+        """Keep the device held by exactly one allocated quarantine claim once nothing else holds it; return
+        the names of the record's quarantine claims.
 
-        `reassert`: another holder let go of the device since the quarantine was last asserted, so
-        the scheduler has forgotten it (rule 1): replace the claim by a new one.
+        `held`: other claims hold the device. While they do, the scheduler counts it as allocated anyway,
+        and a quarantine claim made now would protect nothing (rule 1): it is made when they let go.
+        `released`: another holder let go of the device since the quarantine was last asserted, so the
+        scheduler has forgotten it (rule 1): replace the claim by a new one.
         """
         existing = self.claims_of(record["metadata"]["name"])
-        if not needed:
+        step = plan.quarantine_step(needed=needed, claims=len(existing), held=held, released=released)
+        if step == plan.QuarantineStep.RELEASE:
             await self.release(existing)
             return []
-        if len(existing) == 1 and not reassert:
+        if step == plan.QuarantineStep.WAIT:
+            return []
+        if step == plan.QuarantineStep.KEEP:
             if not is_allocated(existing[0]):  # a crash between creating and allocating it
                 await self._allocate(existing[0], ref)
             return [existing[0]["metadata"]["name"]]
@@ -124,29 +133,55 @@ class Quarantine:
             {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
             {"op": "add", "path": "/status", "value": {"allocation": plan.quarantine_allocation(ref, node)}}])
 
-    async def sync_taint_rule(self, record: Body, *, needed: bool) -> str:
-        """Where DeviceTaintRule is served, keep a NoSchedule rule in step with the record."""
+    async def sync_taint_rule(self, record: Body, *, needed: bool, defer: bool = False) -> str:
+        """Where DeviceTaintRule is served, keep a NoSchedule rule in step with the record; return its name
+        ("" while there is none).
+
+        `defer`: the record's pods are being evicted now, and the claims they hold keep the device from
+        new work meanwhile: the rule comes after the evictions rather than competing with them. What this
+        process wrote or read of a rule is trusted for RULE_TRUST_SECONDS (no read per reconcile).
+        """
         version = await self.taint_rule_api()
         if not version:
             return ""
         api = f"resource.k8s.io/{version}"
+        record_name = record["metadata"]["name"]
+        rule_name = plan.device_taint_rule_name(record)
+        known = self._known_rule(record_name)
+        if not needed:
+            if known is None:
+                known = await self.kube.get_cluster_object(api, "devicetaintrules", rule_name) is not None
+            if known:
+                await self.kube.delete_cluster_object(api, "devicetaintrules", rule_name)
+            self._rules[record_name] = (False, time.monotonic())
+            return ""
+        if known:
+            return rule_name
+        if defer:
+            return ""
         body: dict[str, Any] = plan.device_taint_rule_body(record, api)
         body["metadata"]["ownerReferences"] = [{
-            "apiVersion": RECORDS_API, "kind": records.KIND, "name": record["metadata"]["name"],
+            "apiVersion": RECORDS_API, "kind": records.KIND, "name": record_name,
             "uid": record["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
-        rule_name = body["metadata"]["name"]
-        existing = await self.kube.get_cluster_object(api, "devicetaintrules", rule_name)
-        if not needed:
-            if existing is not None:
-                await self.kube.delete_cluster_object(api, "devicetaintrules", rule_name)
-            return ""
-        if existing is None:
+        try:
             await self.kube.create_cluster_object(api, "devicetaintrules", body)
-        return str(rule_name)
+        except ApiError as exc:
+            if not exc.conflict:  # 409: it exists already (made before a restart, or known no longer)
+                raise
+        self._rules[record_name] = (True, time.monotonic())
+        return rule_name
+
+    def _known_rule(self, record_name: str) -> bool | None:
+        """Whether the record's rule exists, as last written or read within RULE_TRUST_SECONDS; else None."""
+        known = self._rules.get(record_name)
+        if known is None or time.monotonic() - known[1] > RULE_TRUST_SECONDS:
+            return None
+        return known[0]
 
     async def drop_taint_rule(self, record_name: str) -> None:
         """The record is gone: delete its rule now. Its ownerReference would have the garbage collector do
         it, but only once the collector watches the records' CRD (it finds new CRDs every 30 s)."""
+        self._rules.pop(record_name, None)
         version = await self.taint_rule_api()
         if version and await self.kube.delete_cluster_object(
                 f"resource.k8s.io/{version}", "devicetaintrules",

@@ -285,10 +285,14 @@ class Kube:
                                     allow_missing=True)
         return result is not None
 
-    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
-        """The Eviction API (PodDisruptionBudgets hold: a 429 raises ApiError), pinned to ``uid``."""
+    async def evict_pod(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> None:
+        """The Eviction API (PodDisruptionBudgets hold: a 429 raises ApiError), pinned to ``uid`` and, when
+        given, to ``resource_version``: the server then refuses with 409 if the pod changed since it was read."""
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
-                "deleteOptions": {"preconditions": {"uid": uid}}}
+                "deleteOptions": {"preconditions": preconditions}}
         await self._must("POST", _path(CORE, namespace, "pods", name, "eviction"), body)
 
     async def create_namespace(self, name: str, *, unfenced: bool = False) -> None:
