@@ -8,8 +8,8 @@ decision made again. A pod is evicted only while the record still says so and it
 device reserved for it (or for the pod's PodGroup, with the pod using it: groups.py).
 
 A burst costs little more than the evictions themselves (README "The eviction budget",
-throughput): the evictions due within RECORD_READ_SHARE seconds of each other share one LIST of
-the records (a single eviction reads its record by name); the claim is taken from the cache when
+throughput): evictions that wait for a read together share one metadata-only LIST of the records
+(a single eviction reads its record by name); the claim is taken from the cache when
 it agrees (a claim reserved for the running pod keeps its allocation) and read only to confirm a
 no; pods this process evicted are not read again; one Event goes on the pod, posted beside the
 evictions rather than before the next one (``EventPoster``); and the record's counts are written
@@ -54,7 +54,6 @@ EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
 EVICTED_MEMORY_SECONDS = 600.0
-RECORD_READ_SHARE = 0.5  # seconds one LIST of the records serves every eviction due meanwhile
 EVENT_POSTERS = 4  # Events posted at once: enough to keep up, few enough that evictions go first
 
 EvictionKey = tuple[str, str, str, str, str]
@@ -90,7 +89,9 @@ class Evictions:
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
         self.counts = CountWrites()
-        self._records_read: tuple[float, asyncio.Future[dict[str, Body]]] | None = None
+        self._versions_batch: asyncio.Future[dict[str, str]] | None = None
+        self._versions_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.events = EventPoster(post_event)
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
@@ -264,32 +265,52 @@ class Evictions:
         return record, pod, ref
 
     async def _read_record(self, name: str) -> Body | None:
-        """The record read from the API. In a burst, the evictions due within RECORD_READ_SHARE seconds of
-        each other share one LIST of all records (a rack of marked devices is a few LISTs, not a GET per
-        pod); a record missing from a shared LIST (created after it) is read by name."""
-        moment = time.monotonic()
-        shared = self._records_read
-        fresh = shared is not None and moment - shared[0] <= RECORD_READ_SHARE and not (
-            shared[1].done() and (shared[1].cancelled() or shared[1].exception() is not None))
-        if not fresh and len(self.queue) == 0:  # a lone eviction: its record alone
-            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
-        started_here = not fresh
-        if not fresh or shared is None:
-            shared = (moment, asyncio.ensure_future(self._list_records()))
-            self._records_read = shared
-        listed = await asyncio.shield(shared[1])
-        record = listed.get(name)
-        if started_here:
-            return record
-        # A LIST that began before this record was created or last changed says nothing of it: read it.
-        cached = self.cache.record(name) if self.cache is not None else None
-        if record is None or (cached is not None and _version(cached) > _version(record)):
-            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
-        return record
+        """The record as it is now in the API.
 
-    async def _list_records(self) -> dict[str, Body]:
-        items = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
-        return {item["metadata"]["name"]: {"apiVersion": RECORDS_API, "kind": records.KIND, **item} for item in items}
+        In a burst, evictions share metadata-only LISTs of the records (a rack of marked devices is a
+        few LISTs, not a GET per pod): each eviction joins the next LIST to start, never one already
+        under way, and one LIST runs at a time (``_next_versions``). A record listed at the
+        resourceVersion the cache holds is the cached record; one listed at another version is read by
+        name, and so is the record of a lone eviction."""
+        cached = self.cache.record(name) if self.cache is not None else None
+        if cached is None or (self._versions_batch is None and not self._versions_lock.locked()
+                              and len(self.queue) == 0):
+            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        versions = await self._next_versions()
+        if name not in versions:
+            return None
+        if versions[name] == cached["metadata"].get("resourceVersion"):
+            return cached
+        return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+
+    async def _next_versions(self) -> dict[str, str]:
+        """The records' versions from a LIST that starts after this call (joined by every call made until
+        it starts)."""
+        batch = self._versions_batch
+        if batch is None:
+            batch = self._versions_batch = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._list_versions(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(batch)
+
+    async def _list_versions(self, batch: asyncio.Future[dict[str, str]]) -> None:
+        async with self._versions_lock:
+            if self._versions_batch is batch:
+                self._versions_batch = None  # calls from now on wait for the next LIST
+            try:
+                batch.set_result(await self._list_record_versions())
+            except asyncio.CancelledError:
+                batch.cancel()
+                raise
+            except Exception as exc:  # every caller gets it (their keys are retried with back-off)
+                batch.set_exception(exc)
+
+    async def _list_record_versions(self) -> dict[str, str]:
+        """name -> resourceVersion of every record, read now; records being deleted are left out."""
+        return {str(meta.get("name")): str(meta.get("resourceVersion"))
+                for meta in await self.kube.list_metadata(f"/apis/{RECORDS_API}", records.PLURAL)
+                if not meta.get("deletionTimestamp")}
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
@@ -351,11 +372,6 @@ def _drain_wait(record: Body) -> float | None:
     if marked_at is None:
         return 0.0
     return max((marked_at + drain.after - now()).total_seconds(), 0.0)
-
-
-def _version(obj: Body) -> int:
-    version = str(obj["metadata"].get("resourceVersion") or "")
-    return int(version) if version.isdigit() else 0
 
 
 class EventPoster:

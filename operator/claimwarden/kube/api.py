@@ -318,6 +318,11 @@ class Kube:
                 return uids
             query = {"limit": page, "continue": token}
 
+    async def list_metadata(self, api: str, plural: str) -> list[Body]:
+        """Every object of a cluster-scoped kind as its metadata alone, in one metadata-only LIST."""
+        listing = await self._must("GET", f"{api}/{plural}", accept=METADATA_LIST)
+        return [item.get("metadata") or {} for item in listing.get("items") or []]
+
     async def get_object(self, api: str, plural: str, name: str, *, namespace: str | None) -> Body | None:
         """One object by name (namespaced when `namespace` is given), or None when there is none."""
         path = _path(api, namespace, plural, name) if namespace is not None else \
