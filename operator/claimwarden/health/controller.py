@@ -346,6 +346,12 @@ class HealthController:
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
+        written = self._status_written.get(name)
+        if written is not None and _resource_version(record) <= written[0]:
+            # The watch has not brought our last write back yet (it lags under load): what was written is the
+            # status to build on and compare with. Conditions built on the stale one got a new
+            # lastTransitionTime on every lagging event, and each went out again (6.5 writes per record).
+            status = {**status, **written[1]}
         pending = record_plan.pending
         version = self.evictions.counts.version(name)
         counts = self.evictions.counts_status(record)
@@ -380,11 +386,6 @@ class HealthController:
             "deviceTaintRule": rule,
             "conditions": conditions,
         }
-        written = self._status_written.get(name)
-        if written is not None and _resource_version(record) <= written[0]:
-            # The watch has not brought our last write back yet (it lags under load): compare with what was
-            # written, or the same status goes out again every reconcile until it does.
-            status = {**status, **written[1]}
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
             if wait > 0:  # paced (counts.py): this reconcile comes back and writes what is then true
