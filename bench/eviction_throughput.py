@@ -1,8 +1,9 @@
 """Benchmark: how fast, and at what API cost, pods on deliberately marked devices are evicted.
 
 The set-up is the one of issue 19: nodes of 8 GPUs each, every device in use, and a set of nodes
-"broken" (all their devices marked at once) so that N pods must go; about 20 % of the nodes stay
-healthy and keep their pods (an evictor must leave them alone). 1,000 pods = 125 broken nodes of 150.
+"broken" (all their devices marked at once) so that N pods must go (rounded up to whole nodes); about
+20 % of the nodes stay healthy and keep their pods (an evictor must leave them alone). 1,000 pods = 125
+broken nodes of 150.
 
 - ``claimwarden``: one annotation patch per broken node's slice, naming its devices; the breaker and
   the eviction budget are off (``--breaker-max-fraction=1 --eviction-qps=0``). Also timed until the
@@ -17,7 +18,8 @@ claims) runs at ``--kube-api-qps=1000``: at KCM's default 20 the claims' deletio
 claimwarden's bookkeeping over a minute and compete with the evictions (the confound named in
 hot-path-anatomy §3.3).
 
-``pods_per_device=8`` is the shared variant: one standalone ResourceClaim per device, named by 8 pods.
+``pods_per_device=8`` is the shared variant: one standalone ResourceClaim per device, named by 8 pods,
+on the broken nodes only (see `Layout`).
 
 The lab audits every request (``LabOptions.audit_all``), so API calls are counted from the
 apiserver's audit log, by user agent (claimwarden's and Kopf's; KCM's), watches left out:
@@ -86,32 +88,33 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Layout:
-    """How many nodes the lab has, how many of them break, and the pods: one per device on every node,
-    or `pods_per_device` sharing one standalone claim on each of `shared_devices` devices."""
+    """How many nodes the lab has, how many of them break, and the pods on them.
+
+    One pod per device: every device of every node holds a pod; the broken nodes plus ~20 % spare ones.
+    Shared (`pods_per_device` > 1): one standalone claim per device of the broken nodes only, no spare node,
+    so that every device of every node is held and each broken pool gets one DeviceTaintRule (with spare
+    devices the scheduler scatters the claims, and upstream needs a rule per device)."""
 
     nodes: int
     broken: int
     pods_per_device: int
-    shared_devices: int = 0
     gpus_per_node: int = GPUS_PER_NODE
 
     @classmethod
     def for_pods(cls, pods: int, *, pods_per_device: int = 1, gpus_per_node: int = GPUS_PER_NODE) -> Layout:
-        devices = math.ceil(pods / pods_per_device)
-        broken = math.ceil(devices / gpus_per_node)
-        return cls(nodes=broken + max(1, math.ceil(broken * SPARE_FRACTION)), broken=broken,
-                   pods_per_device=pods_per_device, shared_devices=devices if pods_per_device > 1 else 0,
-                   gpus_per_node=gpus_per_node)
+        broken = math.ceil(pods / pods_per_device / gpus_per_node)
+        spare = 0 if pods_per_device > 1 else max(1, math.ceil(broken * SPARE_FRACTION))
+        return cls(nodes=broken + spare, broken=broken, pods_per_device=pods_per_device, gpus_per_node=gpus_per_node)
 
     @property
     def devices(self) -> int:
-        """Devices in use: every device of every node (one pod per device), or one per shared claim."""
-        return self.shared_devices or self.nodes * self.gpus_per_node
+        """Devices in use: all of them."""
+        return self.nodes * self.gpus_per_node
 
     @property
     def targets(self) -> int:
-        """Pods to evict (with shared claims: every pod, wherever the scheduler put its claim)."""
-        return self.shared_devices * self.pods_per_device or self.broken * self.gpus_per_node
+        """Pods to evict: all pods of the broken nodes (N rounded up to whole nodes)."""
+        return self.broken * self.gpus_per_node * self.pods_per_device
 
 
 def _upstream(contender: str) -> bool:
@@ -264,9 +267,7 @@ def _run(api: client.ApiClient, contender: str, state: cluster.LabState, layout:
     say(f"{contender}: set-up: {created} pods running after {setup:.0f} s")
 
     held = _holders(api)
-    # One pod per device: every device is in use and the first nodes break. Shared: the scheduler may put a
-    # claim on a spare node, so every node holding one breaks.
-    broken = sorted({pool for pool, _ in held})[:layout.broken if layout.pods_per_device == 1 else None]
+    broken = sorted({pool for pool, _ in held})[:layout.broken]  # every device is in use: the first nodes break
     marked = {pool: sorted(device for p, device in held if p == pool) for pool in broken}
     targets = {pod for (pool, _), pods in held.items() if pool in broken for pod in pods}
     if not targets:
@@ -304,11 +305,11 @@ def _run(api: client.ApiClient, contender: str, state: cluster.LabState, layout:
     if profiler is not None and profile is not None:
         _stop_profiler(profiler)
         say(f"{contender}: profile of the eviction phase in {profile}")
-    for prefix, calls in (("window_", audit.calls(until=window)), ("", audit.calls())):
-        reads = sum(n for (verb, _), n in calls.items() if verb in ("get", "list"))
-        figures[f"{prefix}reads_per_pod"] = reads / len(targets)
-        figures[f"{prefix}writes_per_pod"] = (sum(calls.values()) - reads) / len(targets)
     calls = audit.calls()
+    for prefix, counted_calls in (("window_", audit.calls(until=window)), ("", calls)):
+        reads = sum(n for (verb, _), n in counted_calls.items() if verb in ("get", "list"))
+        figures[f"{prefix}reads_per_pod"] = reads / len(targets)
+        figures[f"{prefix}writes_per_pod"] = (sum(counted_calls.values()) - reads) / len(targets)
     say(f"{contender}: quiet {figures['quiet_s']:.1f} s after the mark; {figures['cpu_s']:.1f} CPU s, kube-apiserver "
         f"{figures['apiserver_cpu_s']:.1f}; per pod {figures['writes_per_pod']:.2f} writes + "
         f"{figures['reads_per_pod']:.2f} reads ({figures['window_writes_per_pod']:.2f} + "

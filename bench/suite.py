@@ -358,7 +358,7 @@ def _create_pods(core: client.CoreV1Api, namespace: str, pods: int, *, rate: flo
         core.create_namespaced_pod(namespace, body=body(name), _preload_content=False)
         created[name] = time.monotonic()
 
-    with ThreadPoolExecutor(16 if rate else threads) as pool:
+    with ThreadPoolExecutor(32 if rate else threads) as pool:  # paced: enough threads for slow creates
         list(pool.map(create, range(pods)))
     return created
 
