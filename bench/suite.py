@@ -534,8 +534,8 @@ def restart_section(state: cluster.LabState, operator: Claimwarden, pods: int, r
                                                                  for (verb, what), n in sorted(writes.items())))
 
 
-def takeover_section(api: client.ApiClient, state: cluster.LabState, operator: Claimwarden, pods: int,
-                     args: argparse.Namespace, result: Result) -> None:
+def takeover_section(api: client.ApiClient, operator: Claimwarden, pods: int, args: argparse.Namespace,
+                     result: Result) -> None:
     """Two replicas with leader election; SIGKILL the leader and at once mark a device holding a running
     pod. Seconds from the kill until the standby leads and until it is steady, and from the mark until that
     pod is evicted (health work must not queue behind the warm-up's claims work)."""
@@ -689,7 +689,7 @@ def run_contender(name: str, qps: float, args: argparse.Namespace, tmp: Path) ->
             if "restart" in sections and operator is not None:
                 steps.append(("restart", lambda: restart_section(state, operator, args.pods, result)))
             if "takeover" in sections and operator is not None and qps == max(args.qps):
-                steps.append(("takeover", lambda: takeover_section(api, state, operator, args.pods, args, result)))
+                steps.append(("takeover", lambda: takeover_section(api, operator, args.pods, args, result)))
             for what, step in steps:
                 with timed(f"{what}: {name}"):
                     try:
