@@ -23,7 +23,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins bins-matrix prometheus lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench chaos bench-explain
+	install uninstall deploy undeploy image podman lock bench bench-smoke chaos bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,8 +77,11 @@ test-matrix: venv bins-matrix prometheus podman ## the full suite on 1.37.2, the
 chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
 	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider tests/chaos
 
-bench: venv bins ## claimwarden against kube-controller-manager side by side: claims, memory, restart, release, evictions (PODS=1000 NODES=125; BENCH_ARGS=--baseline /path/to/checkout)
+bench: venv bins ## issue 19's table: claimwarden against kube-controller-manager side by side (PODS=1000 NODES=125; PODS=5000 NODES=500; BENCH_ARGS=--qps 1000,20 or --baseline /path/to/checkout)
 	$(BIN)/python bench/suite.py --pods $(or $(PODS),1000) --nodes $(or $(NODES),125) $(BENCH_ARGS)
+
+bench-smoke: venv bins ## every section of make bench at small scale (200 pods, 30 nodes), to exercise the bench code
+	$(BIN)/python bench/suite.py --pods 200 --nodes 30 $(BENCH_ARGS)
 
 bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU snapshot (no lab needed)
 	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)

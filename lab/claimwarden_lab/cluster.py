@@ -101,8 +101,8 @@ class LabOptions:
     """Audit every request (reads and every client's writes too), for benchmarks that count API calls."""
 
     def validate(self) -> list[driver.GpuModel]:
-        if not 1 <= self.nodes <= 500:
-            raise LabError(f"--nodes {self.nodes} is out of range; give 1 to 500")
+        if not 1 <= self.nodes <= 1000:
+            raise LabError(f"--nodes {self.nodes} is out of range; give 1 to 1000")
         if not 1 <= self.gpus_per_node <= 128:
             raise LabError(f"--gpus-per-node {self.gpus_per_node} is out of range; give 1 to 128 "
                            "(a ResourceSlice lists at most 128 devices)")
