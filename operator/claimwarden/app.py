@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 from kubernetes import client as sync_client
 
-from . import __version__, metrics, projections
+from . import __version__, kopf_diffbase, metrics, projections
 from .cache import (
     CLAIM_BY_DEVICE,
     CLAIM_BY_OWNER,
@@ -321,14 +321,8 @@ def register_podgroup_handlers(version: str) -> None:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    settings.scanning.disabled = True
-    settings.posting.level = logging.WARNING
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="claimwarden.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="claimwarden.io")
-    settings.persistence.finalizer = "claimwarden.io/finalizer"
-    settings.networking.request_timeout = 60
-    settings.networking.connect_timeout = 10
-    settings.watching.chunk_size = 500
+    apply_kopf_settings(settings)
+    kopf_diffbase.check_registry(kopf.get_default_registry())
 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
@@ -396,6 +390,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                 metrics.on_loop(loop, lambda: health.unselective_taint_rules() if runtime.leading else None)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
+
+
+def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
+    """Kopf's settings for claimwarden (the in-process measurements of the hot path use them too)."""
+    settings.scanning.disabled = True
+    settings.posting.level = logging.WARNING
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="claimwarden.io")
+    # Only index and on.event handlers are registered (checked in configure): no diff-base per event.
+    settings.persistence.diffbase_storage = kopf_diffbase.NullDiffBaseStorage()
+    settings.persistence.finalizer = "claimwarden.io/finalizer"
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    settings.watching.chunk_size = 500
 
 
 def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
