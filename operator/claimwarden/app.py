@@ -45,7 +45,7 @@ from .podclaims import (
     pod_claim_names,
 )
 from .reservations.controller import ReservationsController
-from .reservations.plan import is_near_limit
+from .reservations.plan import is_near_limit, pod_may_release
 from .runtime import Runtime, lost_lease
 from .timestamps import now, parse_rfc3339
 
@@ -170,20 +170,26 @@ def _leading(memo: kopf.Memo) -> Runtime | None:
 @kopf.on.event(*PODS)
 async def pod_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                     **_: Any) -> None:
+    """Queue only what may have work (the controllers' pre-checks): most pod events (the scheduler's
+    conditions, the echo of our own status apply, kubelet updates) change nothing either would do."""
     namespace = namespace or ""
     runtime = _leading(memo)
-    if runtime is None or not has_claims(dict(body)):
+    pod = dict(body)
+    if runtime is None or not has_claims(pod):
         return
-    if runtime.claims and (body.get("spec") or {}).get("resourceClaims"):
-        if type == "DELETED":
-            runtime.claims.forget_pod(body.get("metadata", {}).get("uid", ""))
-        runtime.claims.enqueue_pod(namespace, name)
+    deleted = type == "DELETED"
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    if runtime.claims and (pod.get("spec") or {}).get("resourceClaims"):
+        if deleted:
+            runtime.claims.forget_pod(uid)  # and nothing to queue: the index no longer holds the pod
+        else:
+            runtime.claims.enqueue_if_needed(namespace, name)
     if runtime.health:
-        runtime.health.enqueue_for_pod(namespace, dict(body))
-    if runtime.reservations:
-        for claim_name in pod_claim_names(dict(body)):
+        runtime.health.enqueue_for_pod(namespace, pod)
+    if runtime.reservations and pod_may_release(pod, deleted=deleted):
+        for claim_name in pod_claim_names(pod):
             runtime.reservations.enqueue_claim(namespace, claim_name)
-        for claim in runtime.cache.claims_owned_by(namespace, body.get("metadata", {}).get("uid", "")):
+        for claim in runtime.cache.claims_owned_by(namespace, uid):
             runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 
 
@@ -202,17 +208,17 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
         if type == "DELETED":
             runtime.claims.forget_deleted_claim(dict(body))
         for pod in runtime.cache.pods_using_claim(namespace, name):
-            runtime.claims.enqueue_pod(namespace, pod)
+            runtime.claims.enqueue_if_needed(namespace, pod)
         owner = controlling_pod_ref(dict(body))
         if owner is not None:
-            runtime.claims.enqueue_pod(namespace, owner["name"])
+            runtime.claims.enqueue_if_needed(namespace, owner["name"])
     group_owner = podgroups.controlling_podgroup_ref(dict(body)) if runtime.podgroups is not None else None
     if group_owner is not None and runtime.podgroups is not None:
         runtime.podgroups.enqueue(namespace, group_owner["name"])
         if runtime.claims and type in ("ADDED", "DELETED", None):
             # Member pods record the group's claim once it exists (or look for a new one once it is gone).
             for pod in runtime.cache.pods_in_podgroup(namespace, group_owner["name"]):
-                runtime.claims.enqueue_pod(namespace, pod)
+                runtime.claims.enqueue_if_needed(namespace, pod)
 
 
 async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
