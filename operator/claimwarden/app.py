@@ -20,9 +20,13 @@ from . import __version__, kopf_diffbase, metrics, projections
 from .cache import (
     CLAIM_BY_DEVICE,
     CLAIM_BY_OWNER,
+    CLAIM_BY_PODGROUP,
     CLAIM_BY_RECORD,
     POD_BY_CLAIM,
+    POD_BY_PODGROUP,
     POD_BY_TEMPLATE,
+    PODGROUP_BY_TEMPLATE,
+    RECORD_BY_DEVICE,
     Cache,
     index_views,
 )
@@ -59,8 +63,8 @@ TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods", "claims", "templates_by_name")
-HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name", "records_by_device")
-PODGROUP_INDEX_NAMES = ("podgroups_by_name", "podgroups_by_template", "claims_by_podgroup", "pods_by_podgroup")
+HEALTH_INDEX_NAMES = ("slices_by_name", "device_records")
+PODGROUP_INDEX_NAMES = ("pod_groups",)
 
 
 @dataclass
@@ -106,16 +110,22 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 @kopf.index(*PODS)
 async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     """(namespace, name) -> projection; ("claim", namespace, claim name) and ("template", namespace,
-    template name) -> pod name: which pods use this claim or template?"""
+    template name) -> pod name: which pods use this claim or template? ("podgroup", namespace, PodGroup
+    name) -> pod name: which pods with claims does this PodGroup have (1.36+)?"""
     namespace = namespace or ""
-    if not has_claims(dict(body)):
+    plain = dict(body)
+    if not has_claims(plain):
         return None
     keys: dict[Any, Any] = {(namespace, name): projections.pod(body)}
-    for claim_name in pod_claim_names(dict(body)):
+    for claim_name in pod_claim_names(plain):
         keys[(POD_BY_CLAIM, namespace, claim_name)] = name
-    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
+    entries = (body.get("spec") or {}).get("resourceClaims") or []
+    for entry in entries:
         if entry.get("resourceClaimTemplateName"):
             keys[(POD_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    group = podgroups.podgroup_name_of(plain) if entries else None
+    if group is not None:
+        keys[(POD_BY_PODGROUP, namespace, group)] = name
     return keys
 
 
@@ -123,13 +133,17 @@ async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> d
 async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
                  **_: Any) -> dict[Any, Any]:
     """(namespace, name) -> projection; ("owner", namespace, controlling pod UID) -> claim name;
-    ("device", driver, pool, device) -> (namespace, name); ("record", namespace, record label) -> claim name."""
+    ("device", driver, pool, device) -> (namespace, name); ("record", namespace, record label) -> claim name;
+    ("podgroup", namespace, controlling PodGroup UID) -> claim name (1.36+)."""
     namespace = namespace or ""
     plain = dict(body)
     keys: dict[Any, Any] = {(namespace, name): projections.claim(body)}
     uid = controlling_pod_uid(plain)
     if uid:
         keys[(CLAIM_BY_OWNER, namespace, uid)] = name
+    group_uid = podgroups.controlling_podgroup_uid(plain) if not uid else None
+    if group_uid:
+        keys[(CLAIM_BY_PODGROUP, namespace, group_uid)] = name
     for device in allocated_devices(plain):
         keys[(CLAIM_BY_DEVICE, *device)] = (namespace, name)
     label = labels.get(records.RECORD_LABEL)
@@ -148,15 +162,15 @@ async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]
     return {name: projections.resource_slice(body)}
 
 
-async def records_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: projections.record(body)}
-
-
-async def records_by_device(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(driver, pool, device) -> record name: which records mark this device? (Asked on every claim and
-    pod event; a scan of all records there made a burst of 1,000 marks CPU-bound.)"""
+async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """name -> projection; ("device", driver, pool, device) -> record name: which records mark this
+    device? (Asked on every claim and pod event; a scan of all records there made a burst of 1,000
+    marks CPU-bound.)"""
+    keys: dict[Any, Any] = {name: projections.record(body)}
     ref = records.record_ref(dict(body))
-    return {(ref.driver, ref.pool, ref.device): name} if ref is not None else None
+    if ref is not None:
+        keys[(RECORD_BY_DEVICE, ref.driver, ref.pool, ref.device)] = name
+    return keys
 
 
 # --- events -> queues -----------------------------------------------------------------------
@@ -236,8 +250,7 @@ async def record_event(name: str, memo: kopf.Memo, **_: Any) -> None:
 def register_health_handlers() -> None:
     """Watch slices and UnhealthyDevice records only when the health controller runs (its CRD may be absent)."""
     kopf.index(*SLICES)(slices_by_name)
-    kopf.index(*RECORDS)(records_by_name)
-    kopf.index(*RECORDS)(records_by_device)
+    kopf.index(*RECORDS)(device_records)
     kopf.on.event(*SLICES)(slice_event)
     kopf.on.event(*RECORDS)(record_event)
 
@@ -258,29 +271,15 @@ async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
 
 # --- PodGroups: only where the cluster serves them (register_podgroup_handlers) -------------------
 
-async def podgroups_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    return {(namespace or "", name): projections.podgroup(body)}
-
-
-async def podgroups_by_template(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, template) -> PodGroup names: which PodGroups wait for this template?"""
-    templates = [e["resourceClaimTemplateName"] for e in (body.get("spec") or {}).get("resourceClaims") or []
-                 if e.get("resourceClaimTemplateName")]
-    return {(namespace or "", template): name for template in templates} or None
-
-
-async def claims_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, controlling PodGroup UID) -> claim name: which claims does this PodGroup control?"""
-    uid = podgroups.controlling_podgroup_uid(dict(body))
-    return {(namespace or "", uid): name} if uid else None
-
-
-async def pods_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, PodGroup name) -> names of its member pods that have claims."""
-    group = podgroups.podgroup_name_of(dict(body))
-    if group is None or not (body.get("spec") or {}).get("resourceClaims"):
-        return None
-    return {(namespace or "", group): name}
+async def pod_groups(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """(namespace, name) -> projection; ("template", namespace, template) -> PodGroup name: which
+    PodGroups wait for this template? (Their members and claims are in the pods and claims indices.)"""
+    namespace = namespace or ""
+    keys: dict[Any, Any] = {(namespace, name): projections.podgroup(body)}
+    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimTemplateName"):
+            keys[(PODGROUP_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    return keys
 
 
 def _group_claim_names(podgroup: dict[str, Any], runtime: Runtime, namespace: str) -> set[str]:
@@ -316,10 +315,7 @@ async def podgroup_event(type: str | None, namespace: str | None, name: str, bod
 def register_podgroup_handlers(version: str) -> None:
     """Watch PodGroups at the served version; without PodGroups nothing of this is registered."""
     resource = (podgroups.GROUP, version, podgroups.PLURAL)
-    kopf.index(*resource)(podgroups_by_name)
-    kopf.index(*resource)(podgroups_by_template)
-    kopf.index(*CLAIMS)(claims_by_podgroup)
-    kopf.index(*PODS)(pods_by_podgroup)
+    kopf.index(*resource)(pod_groups)
     kopf.on.event(*resource)(podgroup_event)
 
 
