@@ -200,6 +200,8 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
             runtime.claims.enqueue_if_needed(namespace, name)
     if runtime.health:
         runtime.health.enqueue_for_pod(namespace, pod)
+    if runtime.reservations and deleted:
+        runtime.reservations.note_deleted_pod(uid)
     if runtime.reservations and pod_may_release(pod, deleted=deleted):
         for claim_name in pod_claim_names(pod):
             runtime.reservations.enqueue_claim(namespace, claim_name)

@@ -112,6 +112,8 @@ class Runtime:
                     for gone in await staleness.prune_stale(self.kube, self.cache, forget):
                         if self.claims and gone.get("kind") == "Pod":
                             self.claims.forget_pod(gone["metadata"].get("uid", ""))
+                        if self.reservations and gone.get("kind") == "Pod":
+                            self.reservations.note_deleted_pod(gone["metadata"].get("uid", ""))
                         if self.podgroups and gone.get("kind") == "PodGroup":
                             self.podgroups.forget(gone["metadata"].get("uid", ""))
                 except Exception as exc:
