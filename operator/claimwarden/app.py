@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes import client as sync_client
@@ -54,6 +55,7 @@ from .runtime import Runtime, lost_lease
 from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
+T = TypeVar("T")
 
 ALL_CONTROLLERS = ("claims", "reservations", "health", "metrics")
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -82,6 +84,7 @@ class RunConfig:
     api_burst: int = 1
     server_version: str = "unknown"
     resync_seconds: float = 300.0
+    metrics_cache_seconds: float = 5.0  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -380,18 +383,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
     if "metrics" in CONFIG.controllers:
-        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop.
+        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The
+        # gauges walk every claim (and slice and record), so a result is reused for a while.
         loop = asyncio.get_running_loop()
+
+        def gauge(fn: Callable[[], T]) -> Callable[[], T]:
+            return metrics.cached(metrics.on_loop(loop, fn), CONFIG.metrics_cache_seconds)
+
         # The cluster's state is reported by the leader only, so that sums over replicas stay true.
         metrics.REGISTRY.register(metrics.ClaimCollector(
-            metrics.on_loop(loop, lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
+            gauge(lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
         health = runtime.health
         if health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
-                metrics.on_loop(loop, lambda: health.device_samples() if runtime.leading else []),
-                metrics.on_loop(loop, lambda: health.record_effects() if runtime.leading else []),
-                metrics.on_loop(loop, lambda: health.pending_evictions() if runtime.leading else 0),
-                metrics.on_loop(loop, lambda: health.unselective_taint_rules() if runtime.leading else None)))
+                gauge(lambda: health.device_samples() if runtime.leading else []),
+                gauge(lambda: health.record_effects() if runtime.leading else []),
+                gauge(lambda: health.pending_evictions() if runtime.leading else 0),
+                gauge(lambda: health.unselective_taint_rules() if runtime.leading else None)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
 
