@@ -224,13 +224,15 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
     if runtime.health:
         runtime.health.enqueue_for_claim(namespace, name, dict(body))
     if runtime.claims:
+        plain = dict(body)
         if type == "DELETED":
-            runtime.claims.forget_deleted_claim(dict(body))
-        for pod in runtime.cache.pods_using_claim(namespace, name):
-            runtime.claims.enqueue_if_needed(namespace, pod)
-        owner = controlling_pod_ref(dict(body))
+            runtime.claims.forget_deleted_claim(plain)
+        pods = set(runtime.cache.pods_using_claim(namespace, name))
+        owner = controlling_pod_ref(plain)
         if owner is not None:
-            runtime.claims.enqueue_if_needed(namespace, owner["name"])
+            pods.add(owner["name"])  # usually the one pod that uses it: checked once
+        for pod in sorted(pods):
+            runtime.claims.enqueue_if_needed(namespace, pod)
     group_owner = podgroups.controlling_podgroup_ref(dict(body)) if runtime.podgroups is not None else None
     if group_owner is not None and runtime.podgroups is not None:
         runtime.podgroups.enqueue(namespace, group_owner["name"])

@@ -120,9 +120,10 @@ class ClaimsController:
         owned = self._owned_claims(namespace, pod["metadata"].get("uid", ""))
         claims = {c["metadata"]["name"]: c for c in owned}
         for resolved in resolve_claim_names(pod):
-            claim = self.cache.claim(namespace, resolved.claim_name) if resolved.claim_name else None
-            if claim is not None:
-                claims.setdefault(claim["metadata"]["name"], claim)
+            if resolved.claim_name and resolved.claim_name not in claims:
+                claim = self.cache.claim(namespace, resolved.claim_name)
+                if claim is not None:
+                    claims[resolved.claim_name] = claim
         return owned, claims
 
     async def reconcile(self, key: Hashable) -> None:
