@@ -10,19 +10,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes import client as sync_client
 
-from . import __version__, metrics, projections
+from . import __version__, kopf_diffbase, metrics, projections
 from .cache import (
     CLAIM_BY_DEVICE,
     CLAIM_BY_OWNER,
+    CLAIM_BY_PODGROUP,
     CLAIM_BY_RECORD,
     POD_BY_CLAIM,
+    POD_BY_PODGROUP,
     POD_BY_TEMPLATE,
+    PODGROUP_BY_TEMPLATE,
+    RECORD_BY_DEVICE,
     Cache,
     index_views,
 )
@@ -45,11 +50,12 @@ from .podclaims import (
     pod_claim_names,
 )
 from .reservations.controller import ReservationsController
-from .reservations.plan import is_near_limit
+from .reservations.plan import is_near_limit, pod_may_release
 from .runtime import Runtime, lost_lease
 from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
+T = TypeVar("T")
 
 ALL_CONTROLLERS = ("claims", "reservations", "health", "metrics")
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -59,8 +65,8 @@ TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
 INDEX_NAMES = ("pods", "claims", "templates_by_name")
-HEALTH_INDEX_NAMES = ("slices_by_name", "records_by_name", "records_by_device")
-PODGROUP_INDEX_NAMES = ("podgroups_by_name", "podgroups_by_template", "claims_by_podgroup", "pods_by_podgroup")
+HEALTH_INDEX_NAMES = ("slices_by_name", "device_records")
+PODGROUP_INDEX_NAMES = ("pod_groups",)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class RunConfig:
     api_burst: int = 1
     server_version: str = "unknown"
     resync_seconds: float = 300.0
+    metrics_cache_seconds: float = 5.0  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -106,16 +113,22 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 @kopf.index(*PODS)
 async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     """(namespace, name) -> projection; ("claim", namespace, claim name) and ("template", namespace,
-    template name) -> pod name: which pods use this claim or template?"""
+    template name) -> pod name: which pods use this claim or template? ("podgroup", namespace, PodGroup
+    name) -> pod name: which pods with claims does this PodGroup have (1.36+)?"""
     namespace = namespace or ""
-    if not has_claims(dict(body)):
+    plain = dict(body)
+    if not has_claims(plain):
         return None
     keys: dict[Any, Any] = {(namespace, name): projections.pod(body)}
-    for claim_name in pod_claim_names(dict(body)):
+    for claim_name in pod_claim_names(plain):
         keys[(POD_BY_CLAIM, namespace, claim_name)] = name
-    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
+    entries = (body.get("spec") or {}).get("resourceClaims") or []
+    for entry in entries:
         if entry.get("resourceClaimTemplateName"):
             keys[(POD_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    group = podgroups.podgroup_name_of(plain) if entries else None
+    if group is not None:
+        keys[(POD_BY_PODGROUP, namespace, group)] = name
     return keys
 
 
@@ -123,13 +136,17 @@ async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> d
 async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
                  **_: Any) -> dict[Any, Any]:
     """(namespace, name) -> projection; ("owner", namespace, controlling pod UID) -> claim name;
-    ("device", driver, pool, device) -> (namespace, name); ("record", namespace, record label) -> claim name."""
+    ("device", driver, pool, device) -> (namespace, name); ("record", namespace, record label) -> claim name;
+    ("podgroup", namespace, controlling PodGroup UID) -> claim name (1.36+)."""
     namespace = namespace or ""
     plain = dict(body)
     keys: dict[Any, Any] = {(namespace, name): projections.claim(body)}
     uid = controlling_pod_uid(plain)
     if uid:
         keys[(CLAIM_BY_OWNER, namespace, uid)] = name
+    group_uid = podgroups.controlling_podgroup_uid(plain) if not uid else None
+    if group_uid:
+        keys[(CLAIM_BY_PODGROUP, namespace, group_uid)] = name
     for device in allocated_devices(plain):
         keys[(CLAIM_BY_DEVICE, *device)] = (namespace, name)
     label = labels.get(records.RECORD_LABEL)
@@ -148,15 +165,15 @@ async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]
     return {name: projections.resource_slice(body)}
 
 
-async def records_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: projections.record(body)}
-
-
-async def records_by_device(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(driver, pool, device) -> record name: which records mark this device? (Asked on every claim and
-    pod event; a scan of all records there made a burst of 1,000 marks CPU-bound.)"""
+async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """name -> projection; ("device", driver, pool, device) -> record name: which records mark this
+    device? (Asked on every claim and pod event; a scan of all records there made a burst of 1,000
+    marks CPU-bound.)"""
+    keys: dict[Any, Any] = {name: projections.record(body)}
     ref = records.record_ref(dict(body))
-    return {(ref.driver, ref.pool, ref.device): name} if ref is not None else None
+    if ref is not None:
+        keys[(RECORD_BY_DEVICE, ref.driver, ref.pool, ref.device)] = name
+    return keys
 
 
 # --- events -> queues -----------------------------------------------------------------------
@@ -170,20 +187,28 @@ def _leading(memo: kopf.Memo) -> Runtime | None:
 @kopf.on.event(*PODS)
 async def pod_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                     **_: Any) -> None:
+    """Queue only what may have work (the controllers' pre-checks): most pod events (the scheduler's
+    conditions, the echo of our own status apply, kubelet updates) change nothing either would do."""
     namespace = namespace or ""
     runtime = _leading(memo)
-    if runtime is None or not has_claims(dict(body)):
+    pod = dict(body)
+    if runtime is None or not has_claims(pod):
         return
-    if runtime.claims and (body.get("spec") or {}).get("resourceClaims"):
-        if type == "DELETED":
-            runtime.claims.forget_pod(body.get("metadata", {}).get("uid", ""))
-        runtime.claims.enqueue_pod(namespace, name)
+    deleted = type == "DELETED"
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    if runtime.claims and (pod.get("spec") or {}).get("resourceClaims"):
+        if deleted:
+            runtime.claims.forget_pod(uid)  # and nothing to queue: the index no longer holds the pod
+        else:
+            runtime.claims.enqueue_if_needed(namespace, name)
     if runtime.health:
-        runtime.health.enqueue_for_pod(namespace, dict(body))
-    if runtime.reservations:
-        for claim_name in pod_claim_names(dict(body)):
+        runtime.health.enqueue_for_pod(namespace, pod)
+    if runtime.reservations and deleted:
+        runtime.reservations.note_deleted_pod(uid)
+    if runtime.reservations and pod_may_release(pod, deleted=deleted):
+        for claim_name in pod_claim_names(pod):
             runtime.reservations.enqueue_claim(namespace, claim_name)
-        for claim in runtime.cache.claims_owned_by(namespace, body.get("metadata", {}).get("uid", "")):
+        for claim in runtime.cache.claims_owned_by(namespace, uid):
             runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 
 
@@ -199,20 +224,22 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
     if runtime.health:
         runtime.health.enqueue_for_claim(namespace, name, dict(body))
     if runtime.claims:
+        plain = dict(body)
         if type == "DELETED":
-            runtime.claims.forget_deleted_claim(dict(body))
-        for pod in runtime.cache.pods_using_claim(namespace, name):
-            runtime.claims.enqueue_pod(namespace, pod)
-        owner = controlling_pod_ref(dict(body))
+            runtime.claims.forget_deleted_claim(plain)
+        pods = set(runtime.cache.pods_using_claim(namespace, name))
+        owner = controlling_pod_ref(plain)
         if owner is not None:
-            runtime.claims.enqueue_pod(namespace, owner["name"])
+            pods.add(owner["name"])  # usually the one pod that uses it: checked once
+        for pod in sorted(pods):
+            runtime.claims.enqueue_if_needed(namespace, pod)
     group_owner = podgroups.controlling_podgroup_ref(dict(body)) if runtime.podgroups is not None else None
     if group_owner is not None and runtime.podgroups is not None:
         runtime.podgroups.enqueue(namespace, group_owner["name"])
         if runtime.claims and type in ("ADDED", "DELETED", None):
             # Member pods record the group's claim once it exists (or look for a new one once it is gone).
             for pod in runtime.cache.pods_in_podgroup(namespace, group_owner["name"]):
-                runtime.claims.enqueue_pod(namespace, pod)
+                runtime.claims.enqueue_if_needed(namespace, pod)
 
 
 async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
@@ -230,8 +257,7 @@ async def record_event(name: str, memo: kopf.Memo, **_: Any) -> None:
 def register_health_handlers() -> None:
     """Watch slices and UnhealthyDevice records only when the health controller runs (its CRD may be absent)."""
     kopf.index(*SLICES)(slices_by_name)
-    kopf.index(*RECORDS)(records_by_name)
-    kopf.index(*RECORDS)(records_by_device)
+    kopf.index(*RECORDS)(device_records)
     kopf.on.event(*SLICES)(slice_event)
     kopf.on.event(*RECORDS)(record_event)
 
@@ -252,29 +278,15 @@ async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
 
 # --- PodGroups: only where the cluster serves them (register_podgroup_handlers) -------------------
 
-async def podgroups_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    return {(namespace or "", name): projections.podgroup(body)}
-
-
-async def podgroups_by_template(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, template) -> PodGroup names: which PodGroups wait for this template?"""
-    templates = [e["resourceClaimTemplateName"] for e in (body.get("spec") or {}).get("resourceClaims") or []
-                 if e.get("resourceClaimTemplateName")]
-    return {(namespace or "", template): name for template in templates} or None
-
-
-async def claims_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, controlling PodGroup UID) -> claim name: which claims does this PodGroup control?"""
-    uid = podgroups.controlling_podgroup_uid(dict(body))
-    return {(namespace or "", uid): name} if uid else None
-
-
-async def pods_by_podgroup(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """(namespace, PodGroup name) -> names of its member pods that have claims."""
-    group = podgroups.podgroup_name_of(dict(body))
-    if group is None or not (body.get("spec") or {}).get("resourceClaims"):
-        return None
-    return {(namespace or "", group): name}
+async def pod_groups(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """(namespace, name) -> projection; ("template", namespace, template) -> PodGroup name: which
+    PodGroups wait for this template? (Their members and claims are in the pods and claims indices.)"""
+    namespace = namespace or ""
+    keys: dict[Any, Any] = {(namespace, name): projections.podgroup(body)}
+    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimTemplateName"):
+            keys[(PODGROUP_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    return keys
 
 
 def _group_claim_names(podgroup: dict[str, Any], runtime: Runtime, namespace: str) -> set[str]:
@@ -310,10 +322,7 @@ async def podgroup_event(type: str | None, namespace: str | None, name: str, bod
 def register_podgroup_handlers(version: str) -> None:
     """Watch PodGroups at the served version; without PodGroups nothing of this is registered."""
     resource = (podgroups.GROUP, version, podgroups.PLURAL)
-    kopf.index(*resource)(podgroups_by_name)
-    kopf.index(*resource)(podgroups_by_template)
-    kopf.index(*CLAIMS)(claims_by_podgroup)
-    kopf.index(*PODS)(pods_by_podgroup)
+    kopf.index(*resource)(pod_groups)
     kopf.on.event(*resource)(podgroup_event)
 
 
@@ -321,14 +330,8 @@ def register_podgroup_handlers(version: str) -> None:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    settings.scanning.disabled = True
-    settings.posting.level = logging.WARNING
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="claimwarden.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="claimwarden.io")
-    settings.persistence.finalizer = "claimwarden.io/finalizer"
-    settings.networking.request_timeout = 60
-    settings.networking.connect_timeout = 10
-    settings.watching.chunk_size = 500
+    apply_kopf_settings(settings)
+    kopf_diffbase.check_registry(kopf.get_default_registry())
 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
              __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
@@ -382,20 +385,38 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
     if "metrics" in CONFIG.controllers:
-        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop.
+        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The
+        # gauges walk every claim (and slice and record), so a result is reused for a while.
         loop = asyncio.get_running_loop()
+
+        def gauge(fn: Callable[[], T]) -> Callable[[], T]:
+            return metrics.cached(metrics.on_loop(loop, fn), CONFIG.metrics_cache_seconds)
+
         # The cluster's state is reported by the leader only, so that sums over replicas stay true.
         metrics.REGISTRY.register(metrics.ClaimCollector(
-            metrics.on_loop(loop, lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
+            gauge(lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
         health = runtime.health
         if health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
-                metrics.on_loop(loop, lambda: health.device_samples() if runtime.leading else []),
-                metrics.on_loop(loop, lambda: health.record_effects() if runtime.leading else []),
-                metrics.on_loop(loop, lambda: health.pending_evictions() if runtime.leading else 0),
-                metrics.on_loop(loop, lambda: health.unselective_taint_rules() if runtime.leading else None)))
+                gauge(lambda: health.device_samples() if runtime.leading else []),
+                gauge(lambda: health.record_effects() if runtime.leading else []),
+                gauge(lambda: health.pending_evictions() if runtime.leading else 0),
+                gauge(lambda: health.unselective_taint_rules() if runtime.leading else None)))
         memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
         log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
+
+
+def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
+    """Kopf's settings for claimwarden (the in-process measurements of the hot path use them too)."""
+    settings.scanning.disabled = True
+    settings.posting.level = logging.WARNING
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="claimwarden.io")
+    # Only index and on.event handlers are registered (checked in configure): no diff-base per event.
+    settings.persistence.diffbase_storage = kopf_diffbase.NullDiffBaseStorage()
+    settings.persistence.finalizer = "claimwarden.io/finalizer"
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    settings.watching.chunk_size = 500
 
 
 def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:

@@ -30,16 +30,25 @@ class IndexLike(Protocol):
 # Tags of the reverse look-ups in the one index per kind (app.py): ("claim", namespace, claim name) etc.
 POD_BY_CLAIM = "claim"
 POD_BY_TEMPLATE = "template"
+POD_BY_PODGROUP = "podgroup"
 CLAIM_BY_OWNER = "owner"
 CLAIM_BY_DEVICE = "device"
 CLAIM_BY_RECORD = "record"
+CLAIM_BY_PODGROUP = "podgroup"
+PODGROUP_BY_TEMPLATE = "template"
+RECORD_BY_DEVICE = "device"
+
+# app.py's index of each kind, by its Kopf handler id.
+POD_INDEX, CLAIM_INDEX, PODGROUP_INDEX, RECORD_INDEX = "pods", "claims", "pod_groups", "device_records"
 
 
 class Primary:
-    """The (namespace, name) -> projection keys of a tagged index (those are the 2-tuples)."""
+    """The primary keys of a tagged index: (namespace, name) 2-tuples, or plain names for a cluster-scoped
+    kind (`namespaced` False). Every other key is a tagged reverse look-up."""
 
-    def __init__(self, index: IndexLike) -> None:
+    def __init__(self, index: IndexLike, *, namespaced: bool = True) -> None:
         self._index = index
+        self._namespaced = namespaced
 
     def __getitem__(self, key: Hashable) -> Iterable[Any]:
         return self._index[key]
@@ -48,6 +57,8 @@ class Primary:
         return key in self._index
 
     def __iter__(self) -> Iterator[Hashable]:
+        if not self._namespaced:
+            return (key for key in list(self._index) if not isinstance(key, tuple))
         return (key for key in list(self._index) if isinstance(key, tuple) and len(key) == 2)
 
 
@@ -73,13 +84,25 @@ class Tagged:
 
 
 def index_views(indices: Mapping[str, IndexLike]) -> dict[str, IndexLike]:
-    """The look-ups `Cache` reads, from app.py's one index per kind (``pods``, ``claims``) and the others."""
-    views = {name: index for name, index in indices.items() if name not in ("pods", "claims")}
-    pods, claims = indices["pods"], indices["claims"]
+    """The look-ups `Cache` reads, from app.py's one index per kind (pods, claims, and PodGroups and
+    records where they are watched) and the others (templates, slices)."""
+    folded = (POD_INDEX, CLAIM_INDEX, PODGROUP_INDEX, RECORD_INDEX)
+    views = {name: index for name, index in indices.items() if name not in folded}
+    pods, claims = indices[POD_INDEX], indices[CLAIM_INDEX]
     views.update(pods_by_name=Primary(pods), pods_by_claim=Tagged(pods, POD_BY_CLAIM),
-                 pods_by_template=Tagged(pods, POD_BY_TEMPLATE), claims_by_name=Primary(claims),
+                 pods_by_template=Tagged(pods, POD_BY_TEMPLATE), pods_by_podgroup=Tagged(pods, POD_BY_PODGROUP),
+                 claims_by_name=Primary(claims),
                  claims_by_owner=Tagged(claims, CLAIM_BY_OWNER), claims_by_device=Tagged(claims, CLAIM_BY_DEVICE),
-                 claims_by_record=Tagged(claims, CLAIM_BY_RECORD))
+                 claims_by_record=Tagged(claims, CLAIM_BY_RECORD),
+                 claims_by_podgroup=Tagged(claims, CLAIM_BY_PODGROUP))
+    if PODGROUP_INDEX in indices:
+        podgroups = indices[PODGROUP_INDEX]
+        views.update(podgroups_by_name=Primary(podgroups),
+                     podgroups_by_template=Tagged(podgroups, PODGROUP_BY_TEMPLATE))
+    if RECORD_INDEX in indices:
+        records = indices[RECORD_INDEX]
+        views.update(records_by_name=Primary(records, namespaced=False),
+                     records_by_device=Tagged(records, RECORD_BY_DEVICE))
     return views
 
 

@@ -37,6 +37,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _cache_period(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 300.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 300")
+    return value
+
+
 def _boolean(text: str) -> bool:
     if text.lower() in ("true", "1", "yes"):
         return True
@@ -116,6 +126,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--resync-period", type=_seconds, default=300.0,
                      help="seconds between full resyncs, which also forget objects deleted while a watch was "
                           "down (default: %(default)s)")
+    run.add_argument("--metrics-cache-period", type=_cache_period, default=5.0, metavar="SECONDS",
+                     help="seconds a computed gauge (claims, devices, records) is served again before it is "
+                          "computed anew from every object; 0 computes it on every scrape (default: %(default)s)")
     run.add_argument("--request-timeout", type=float, default=30.0,
                      help="seconds one API request (write or point read) may take in all (default: %(default)s)")
     run.add_argument("--kube-api-qps", type=_api_qps, default=0.0, metavar="QPS",
@@ -187,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     app.CONFIG.metrics_port = args.metrics_port
     app.CONFIG.namespace = args.namespace
     app.CONFIG.resync_seconds = args.resync_period
+    app.CONFIG.metrics_cache_seconds = args.metrics_cache_period
     app.CONFIG.request_timeout = args.request_timeout
     app.CONFIG.api_qps = args.kube_api_qps
     app.CONFIG.api_burst = args.kube_api_burst or max(1, round(2 * args.kube_api_qps))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -129,6 +131,26 @@ def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], *,
         SCRAPE_ERRORS.inc()
         log.warning("metrics: %s left out of this scrape: %s", getattr(fn, "__name__", "a gauge"), why)
         raise ScrapeFailed(why)
+
+    return call
+
+
+def cached(fn: Callable[[], T], seconds: float) -> Callable[[], T]:
+    """Wrap ``fn`` so that its result is reused for ``seconds``: gauges computed by walking every claim,
+    slice or record then cost that walk at most once per period, however often Prometheus scrapes
+    (a restart at 5,000 claims spent a seventh of its CPU in scrapes). A failure is not reused.
+    Concurrent scrapes wait for one computation. 0 computes on every call."""
+    lock = threading.Lock()
+    last: list[tuple[float, T]] = []
+
+    def call() -> T:
+        with lock:
+            now = time.monotonic()
+            if last and now - last[0][0] < seconds:
+                return last[0][1]
+            value = fn()
+            last[:] = [(now, value)]
+            return value
 
     return call
 

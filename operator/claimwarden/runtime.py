@@ -100,28 +100,42 @@ class Runtime:
     async def _resync(self) -> None:
         """Every few minutes look at everything again, so nothing depends on a single event.
 
-        First forget what was deleted while a watch was down (staleness.py), then queue every key.
+        The first round, soon after leading, only forgets what was deleted while a watch was down: `lead`
+        queued every key a moment ago, and so did the events of a fresh start-up list. Re-queueing all
+        of them again cost a restart at 5,000 claims a second round of every reconcile.
         """
         delay = min(FIRST_RESYNC_SECONDS, self.resync_seconds)
+        first = True
         while True:
             await asyncio.sleep(delay)
             delay = self.resync_seconds
-            if self.kopf_state is not None:
-                forget = _forgetter(self.kopf_state.indexers, self.kopf_state.memories)
-                try:
-                    for gone in await staleness.prune_stale(self.kube, self.cache, forget):
-                        if self.claims and gone.get("kind") == "Pod":
-                            self.claims.forget_pod(gone["metadata"].get("uid", ""))
-                        if self.podgroups and gone.get("kind") == "PodGroup":
-                            self.podgroups.forget(gone["metadata"].get("uid", ""))
-                except Exception as exc:
-                    log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
+            await self.resync_once(requeue=not first)
+            first = False
+
+    async def resync_once(self, *, requeue: bool = True) -> None:
+        """Forget what was deleted while a watch was down (staleness.py), then queue every key (with
+        `requeue`, or when something was forgotten)."""
+        forgotten = False
+        if self.kopf_state is not None:
+            forget = _forgetter(self.kopf_state.indexers, self.kopf_state.memories)
+            try:
+                for gone in await staleness.prune_stale(self.kube, self.cache, forget):
+                    forgotten = True
+                    if self.claims and gone.get("kind") == "Pod":
+                        self.claims.forget_pod(gone["metadata"].get("uid", ""))
+                    if self.reservations and gone.get("kind") == "Pod":
+                        self.reservations.note_deleted_pod(gone["metadata"].get("uid", ""))
+                    if self.podgroups and gone.get("kind") == "PodGroup":
+                        self.podgroups.forget(gone["metadata"].get("uid", ""))
+            except Exception as exc:
+                log.warning("comparing the indices with live lists failed (retried at the next resync): %s", exc)
+        if requeue or forgotten:
             self.enqueue_all()
-            if self.health:
-                try:
-                    await self.health.release_orphaned_quarantine()
-                except Exception as exc:
-                    log.warning("releasing orphaned quarantine claims failed: %s", exc)
+        if self.health:
+            try:
+                await self.health.release_orphaned_quarantine()
+            except Exception as exc:
+                log.warning("releasing orphaned quarantine claims failed: %s", exc)
 
     async def drain(self) -> None:
         """Let every worker finish the key in hand (an eviction and its bookkeeping are one step), then

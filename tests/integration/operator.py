@@ -63,6 +63,8 @@ class Operator:
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
              "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+             # Tests read a gauge right after the change it shows; the 5 s reuse is unit-tested.
+             "--metrics-cache-period", "0",
              # Kopf's plain format is the bare message: the auditor needs the level to find ERRORs.
              "--log-format", "full", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.identity})

@@ -139,3 +139,49 @@ def test_one_index_per_kind_answers_every_look_up_the_cache_makes() -> None:
     assert [c["metadata"]["name"] for c in view.claims_for_record("claimwarden-system", "rec")] == ["q-1"]
     assert sorted(o["metadata"]["name"] for o in view.indexed()["resourceclaims"]) == ["p-gpu-x", "q-1"]
     assert [o["metadata"]["name"] for o in view.indexed()["pods"]] == ["p"]
+
+
+def test_podgroups_and_records_fold_into_the_one_index_of_their_kind() -> None:
+    from claimwarden import app
+    from claimwarden.claims import podgroups
+
+    member = {"apiVersion": "v1", "kind": "Pod", **obj("m", "m-uid"),
+              "spec": {"schedulingGroup": {"podGroupName": "team"},
+                       "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}}
+    loner = {"apiVersion": "v1", "kind": "Pod", **obj("l", "l-uid"),
+             "spec": {"schedulingGroup": {"podGroupName": "team"}, "containers": []}}  # no claims: not indexed
+    group = {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", **obj("team", "pg-uid"),
+             "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"},
+                                         {"name": "nic", "resourceClaimName": "shared-nic"}]}}
+    group_claim = obj("team-gpu-x", "gc-uid", annotations={"resource.kubernetes.io/pod-claim-name": "gpu"},
+                      ownerReferences=[{"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                                        "name": "team", "uid": "pg-uid", "controller": True}])
+    marked, admins = _record("p.gpu-0.abc", "gpu-0"), _record("my-mark", "gpu-0")
+    pods = _indexed(*(asyncio.run(app.pods(namespace="ns", name=p["metadata"]["name"], body=p))
+                      for p in (member, loner)))
+    claims = _indexed(asyncio.run(app.claims(namespace="ns", name="team-gpu-x", body=group_claim, labels={})))
+    groups = _indexed(asyncio.run(app.pod_groups(namespace="ns", name="team", body=group)))
+    records = _indexed(*(asyncio.run(app.device_records(name=r["metadata"]["name"], body=r)) for r in (marked, admins)))
+    view = Cache(index_views({"pods": pods, "claims": claims, "templates_by_name": FakeIndex(),
+                              "pod_groups": groups, "device_records": records}))
+
+    assert view.pods_in_podgroup("ns", "team") == ["m"] and view.pods_in_podgroup("other", "team") == []
+    assert view.pod_keys() == [("ns", "m")]
+    assert [c["metadata"]["name"] for c in view.claims_owned_by_podgroup("ns", "pg-uid")] == ["team-gpu-x"]
+    assert view.claims_owned_by("ns", "pg-uid") == []  # a PodGroup's claim is not a pod's
+    assert podgroups.controlling_podgroup_uid(view.claim("ns", "team-gpu-x") or {}) == "pg-uid"
+    assert view.podgroup_keys() == [("ns", "team")]
+    assert (view.podgroup("ns", "team") or {})["spec"] == group["spec"]
+    assert view.podgroups_using_template("ns", "t") == ["team"] and view.podgroups_using_template("ns", "u") == []
+    assert sorted(r["metadata"]["name"] for r in view.records()) == ["my-mark", "p.gpu-0.abc"]
+    assert view.record("my-mark") == app.projections.record(admins)
+    assert view.records_marking(("d", "p", "gpu-0")) == [view.record("my-mark"), view.record("p.gpu-0.abc")]
+    assert view.records_marking(("d", "p", "gpu-1")) == []
+    assert sorted(o["metadata"]["name"] for o in view.indexed()["unhealthydevices"]) == ["my-mark", "p.gpu-0.abc"]
+    assert [o["metadata"]["name"] for o in view.indexed()["podgroups"]] == ["team"]
+
+
+def test_without_podgroups_or_records_watched_their_look_ups_are_empty() -> None:
+    view = Cache(index_views({"pods": FakeIndex(), "claims": FakeIndex(), "templates_by_name": FakeIndex()}))
+    assert view.records() == [] and view.record("x") is None and view.records_marking(("d", "p", "g")) == []
+    assert view.podgroup_keys() == [] and view.pods_in_podgroup("ns", "team") == []

@@ -163,3 +163,63 @@ def test_requests_of_a_limited_client_are_spaced_by_the_budget() -> None:
     asyncio.run(scenario())
     assert len(sent) == 6
     assert sent[1] < 0.05 and sent[-1] == pytest.approx(0.2, abs=0.08)
+
+
+# --- the request itself: kubernetes.aio's session and credentials, bodies through orjson --------------
+
+def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_answer() -> None:
+    from aiohttp import web
+
+    seen: list[dict[str, object]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                     "authorization": request.headers.get("Authorization"),
+                     "agent": request.headers.get("User-Agent"), "type": request.headers.get("Content-Type"),
+                     "accept": request.headers.get("Accept"), "body": await request.json() if request.can_read_body
+                     else None})
+        if request.path.endswith("/gone"):
+            return web.json_response({"kind": "Status", "reason": "NotFound", "message": "gone"}, status=404)
+        if request.path.endswith("/taken"):
+            return web.json_response({"kind": "Status", "reason": "Conflict", "message": "changed"}, status=409)
+        if request.method == "DELETE":
+            return web.Response(status=200, body=b"")
+        return web.json_response({"metadata": {"name": "c-1", "resourceVersion": "7"}, "ünï": "cödé"})
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        configuration = aio.Configuration(host=f"http://127.0.0.1:{port}", api_key={"BearerToken": "s3cret"},
+                                          api_key_prefix={"BearerToken": "Bearer"})
+        kube = Kube(aio.ApiClient(configuration), user_agent="claimwarden/test (me)")
+        try:
+            created = await kube.create_claim("ns", {"metadata": {"generateName": "p-gpu-"}, "spec": {"ü": 1}})
+            assert created == {"metadata": {"name": "c-1", "resourceVersion": "7"}, "ünï": "cödé"}
+            await kube.patch_claim_status("ns", "c-1", [{"op": "test", "path": "/metadata/resourceVersion",
+                                                          "value": "7"}])
+            assert await kube.get_claim("ns", "gone") is None
+            with pytest.raises(ApiError) as conflict:
+                await kube.patch_claim("ns", "taken", [])
+            assert conflict.value.conflict and conflict.value.message == "changed"
+            assert await kube.delete_claim("ns", "c-1", "uid-1") is True
+            assert await kube.list_uids("/api/v1", "pods") == set()
+        finally:
+            await kube.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    post, patch, get, _, delete, listing = seen
+    assert post == {"method": "POST", "path": "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims",
+                    "query": {"fieldManager": "claimwarden"}, "authorization": "Bearer s3cret",
+                    "agent": "claimwarden/test (me)", "type": "application/json", "accept": "application/json",
+                    "body": {"metadata": {"generateName": "p-gpu-"}, "spec": {"ü": 1}}}
+    assert patch["type"] == "application/json-patch+json" and patch["path"].endswith("/c-1/status")
+    assert patch["body"] == [{"op": "test", "path": "/metadata/resourceVersion", "value": "7"}]
+    assert get["method"] == "GET" and get["body"] is None and get["type"] is None
+    assert delete["body"] == {"preconditions": {"uid": "uid-1"}}
+    assert listing["query"] == {"limit": "500"} and "PartialObjectMetadataList" in str(listing["accept"])

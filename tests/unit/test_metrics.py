@@ -135,3 +135,32 @@ def test_called_on_the_loop_itself_it_runs_directly() -> None:
         return on_loop(asyncio.get_running_loop(), lambda: 7)()
 
     assert asyncio.run(scenario()) == 7
+
+
+def test_a_cached_gauge_is_computed_at_most_once_per_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    computed: list[float] = []
+
+    def walk_every_claim() -> float:
+        computed.append(clock[0])
+        if clock[0] == 200.0:
+            raise metrics.ScrapeFailed("the loop did not answer")
+        return clock[0]
+
+    gauge = metrics.cached(walk_every_claim, 5.0)
+    assert gauge() == 100.0
+    clock[0] = 104.9
+    assert gauge() == 100.0 and computed == [100.0]
+    clock[0] = 105.0
+    assert gauge() == 105.0
+    clock[0] = 200.0
+    with pytest.raises(metrics.ScrapeFailed):
+        gauge()
+    clock[0] = 200.1
+    assert gauge() == 200.1  # a failure is not reused, nor is the value from before it
+    assert computed == [100.0, 105.0, 200.0, 200.1]
+    uncached = metrics.cached(walk_every_claim, 0.0)
+    clock[0] = 300.0
+    uncached(), uncached()
+    assert computed[-2:] == [300.0, 300.0]

@@ -96,18 +96,43 @@ class ClaimsController:
         self._recent.pop(uid, None)
         self._applied.pop(uid, None)
 
+    def enqueue_if_needed(self, namespace: str, name: str) -> bool:
+        """Queue the cached pod only if a reconcile may have work (`plan.pod_needs_work`); True if queued.
+
+        Decided from the cache alone: a pod in a PodGroup that the cache does not hold is queued
+        (the reconcile reads the PodGroup from the API).
+        """
+        pod = self.cache.pod(namespace, name)
+        if pod is None:
+            return False  # nothing to reconcile: the worker would return at once
+        owned, claims = self._claims_of(namespace, pod)
+        group = None
+        group_name = podgroup_name_of(pod)
+        if self.podgroups is not None and group_name is not None:
+            group = GroupView(group_name, self.cache.podgroup(namespace, group_name))
+        if not plan.pod_needs_work(pod, claims, owned, group):
+            return False
+        self.enqueue_pod(namespace, name)
+        return True
+
+    def _claims_of(self, namespace: str, pod: Body) -> tuple[list[Body], dict[str, Body]]:
+        """The claims the pod controls (cached or just created), and those by name that planning reads."""
+        owned = self._owned_claims(namespace, pod["metadata"].get("uid", ""))
+        claims = {c["metadata"]["name"]: c for c in owned}
+        for resolved in resolve_claim_names(pod):
+            if resolved.claim_name and resolved.claim_name not in claims:
+                claim = self.cache.claim(namespace, resolved.claim_name)
+                if claim is not None:
+                    claims[resolved.claim_name] = claim
+        return owned, claims
+
     async def reconcile(self, key: Hashable) -> None:
         namespace, name = cast(tuple[str, str], key)
         pod = self.cache.pod(namespace, name)
         if pod is None:
             return
         uid = pod["metadata"].get("uid", "")
-        owned = self._owned_claims(namespace, uid)
-        claims = {c["metadata"]["name"]: c for c in owned}
-        for resolved in resolve_claim_names(pod):
-            claim = self.cache.claim(namespace, resolved.claim_name) if resolved.claim_name else None
-            if claim is not None:
-                claims.setdefault(claim["metadata"]["name"], claim)
+        owned, claims = self._claims_of(namespace, pod)
         templates = {}
         for entry in pod["spec"].get("resourceClaims") or []:
             template_name = entry.get("resourceClaimTemplateName")

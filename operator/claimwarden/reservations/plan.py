@@ -77,6 +77,20 @@ def is_view_done(view: Mapping[str, Any]) -> bool:
     return bool(view.get("deleting")) and not view.get("nodeName")
 
 
+def pod_may_release(pod: dict[str, Any], *, deleted: bool) -> bool:
+    """May this pod event change what `plan_claim` decides for the pod's claims? Asked before queueing
+    them (in the spirit of upstream's ``podNeedsClaims``).
+
+    A pod's part in the plan is its view (`pod_view`): a reservation or an owned claim is let go only
+    when the pod is gone, replaced or done (`is_view_done`). A pod event can only bring that about
+    when the pod is deleted, terminal, or being deleted (done if it was never scheduled; said yes
+    for scheduled ones too, so a superset). A replacement under another UID arrives as the old
+    pod's DELETED event. Everything else (a new reservation, the delete-protection finalizer, the
+    limit warning) changes the claim, whose own events queue it.
+    """
+    return deleted or is_being_deleted(pod) or status(pod).get("phase") in TERMINAL_PHASES
+
+
 def plan_claim(
     claim: dict[str, Any],
     pods: Mapping[str, dict[str, Any] | None],

@@ -1,0 +1,234 @@
+"""Releasing like upstream: which reads the reservations controller makes, and what it writes.
+
+A fake API records every call; the cache is the real `Cache` over plain dicts of projections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from claimwarden import projections
+from claimwarden.cache import Cache
+from claimwarden.kube.errors import ApiError
+from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
+from claimwarden.reservations.controller import DeletedPods, ReservationsController
+
+NS = "ns"
+ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "d", "pool": "n1", "device": "gpu-0"}]}}
+GROUP_ENTRY = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "team", "uid": "pg-uid"}
+
+
+def pod(uid: str = "uid-1", *, phase: str = "Running", node: str | None = "n1", name: str = "p") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "3",
+                         "creationTimestamp": f"2026-01-01T00:00:0{uid[-1]}Z"},
+            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": phase}}
+
+
+def claim(*, reserved: list[dict[str, Any]], generated: bool = True, version: str = "10",
+          owner_uid: str = "uid-1") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "c", "namespace": NS, "uid": "c-uid", "resourceVersion": version,
+                            "creationTimestamp": "2026-01-01T00:00:00Z",
+                            "finalizers": [DELETE_PROTECTION_FINALIZER]}
+    if generated:
+        meta["annotations"] = {POD_CLAIM_NAME_ANNOTATION: "gpu"}
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": owner_uid,
+                                    "controller": True}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+            "status": {"allocation": ALLOCATION, "reservedFor": reserved}}
+
+
+def reservation(uid: str = "uid-1", name: str = "p") -> dict[str, Any]:
+    return {"resource": "pods", "name": name, "uid": uid}
+
+
+class FakeKube:
+    """Answers reads from `objects`, records every call, and refuses the next writes listed in `refuse`."""
+
+    def __init__(self, *, pods: dict[str, dict[str, Any] | None] | None = None,
+                 claim: dict[str, Any] | None = None, podgroup: dict[str, Any] | None = None) -> None:
+        self.pods = pods or {}
+        self.claim = claim
+        self.podgroup = podgroup
+        self.calls: list[tuple[str, Any]] = []
+        self.refuse: list[ApiError] = []
+
+    def reads(self) -> list[tuple[str, Any]]:
+        return [call for call in self.calls if call[0].startswith("get")]
+
+    def writes(self) -> list[tuple[str, Any]]:
+        return [call for call in self.calls if not call[0].startswith("get")]
+
+    def _write(self, call: str, detail: Any) -> None:
+        self.calls.append((call, detail))
+        if self.refuse:
+            raise self.refuse.pop(0)
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_pod", name))
+        return self.pods.get(name)
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_claim", name))
+        return self.claim
+
+    async def get_podgroup(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_podgroup", name))
+        return self.podgroup
+
+    async def patch_claim_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self._write("patch_claim_status", ops)
+        patched = claim(reserved=[])
+        patched["metadata"]["resourceVersion"] = "11"
+        return patched
+
+    async def patch_claim(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self._write("patch_claim", ops)
+        patched = claim(reserved=[])
+        patched["metadata"].update(resourceVersion="12", finalizers=[])
+        return patched
+
+    async def delete_claim(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> bool:
+        self._write("delete_claim", (uid, resource_version))
+        return True
+
+    async def post_event(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("post_event", args))
+
+
+def controller(kube: FakeKube, *, cached_pods: list[dict[str, Any]] = (), cached_claim: dict[str, Any] | None = None,
+               cached_podgroup: dict[str, Any] | None = None, quarantined: bool = False,
+               podgroups: bool = False) -> ReservationsController:
+    names = ("pods_by_claim", "pods_by_template", "claims_by_owner", "claims_by_device", "claims_by_record",
+             "templates_by_name")
+    indices: dict[str, Any] = {name: {} for name in names}
+    indices["pods_by_name"] = {}
+    for cached in cached_pods:
+        indices["pods_by_name"].setdefault((NS, cached["metadata"]["name"]), []).append(projections.pod(cached))
+    indices["claims_by_name"] = {(NS, "c"): [projections.claim(cached_claim)]} if cached_claim else {}
+    if cached_podgroup is not None:
+        indices["podgroups_by_name"] = {(NS, "team"): [projections.podgroup(cached_podgroup)]}
+    return ReservationsController(Cache(indices), kube, lambda _claim: quarantined,  # type: ignore[arg-type]
+                                  podgroup_version="v1beta1" if podgroups else None)
+
+
+def reconcile(reservations: ReservationsController) -> None:
+    asyncio.run(reservations.reconcile((NS, "c")))
+
+
+def test_a_finished_pod_in_the_cache_is_released_without_a_single_read() -> None:
+    kube = FakeKube()
+    reservations = controller(kube, cached_pods=[pod(phase="Succeeded")], cached_claim=claim(reserved=[reservation()]))
+    reconcile(reservations)
+    assert kube.reads() == []
+    (status, status_ops), (finalizer, _), (delete, precondition) = kube.writes()
+    assert (status, finalizer, delete) == ("patch_claim_status", "patch_claim", "delete_claim")
+    assert status_ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "10"}
+    assert {"op": "remove", "path": "/status/allocation"} in status_ops
+    assert precondition == ("c-uid", "12")  # pinned to the version the last write returned
+
+
+def test_a_pod_seen_deleted_is_released_without_a_get() -> None:
+    kube = FakeKube()
+    reservations = controller(kube, cached_claim=claim(reserved=[reservation()]))
+    reservations.note_deleted_pod("uid-1")
+    reconcile(reservations)
+    assert kube.reads() == []
+    assert [call for call, _ in kube.writes()] == ["patch_claim_status", "patch_claim"]  # the GC deletes it
+
+
+def test_a_pod_neither_cached_nor_known_deleted_is_confirmed_with_one_get() -> None:
+    kube = FakeKube(pods={"p": pod()})
+    reconcile(controller(kube, cached_claim=claim(reserved=[reservation()])))
+    assert kube.reads() == [("get_pod", "p")] and kube.writes() == []  # it runs: kept
+
+    kube = FakeKube(pods={"p": None})
+    reconcile(controller(kube, cached_claim=claim(reserved=[reservation()])))
+    assert kube.reads() == [("get_pod", "p")]
+    assert [call for call, _ in kube.writes()] == ["patch_claim_status", "patch_claim"]
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Unknown"])
+def test_a_cached_pod_that_is_not_done_is_never_dropped(phase: str) -> None:
+    kube = FakeKube()
+    reservations = controller(kube, cached_pods=[pod(phase=phase)], cached_claim=claim(reserved=[reservation()]))
+    reservations.note_deleted_pod("another-uid")
+    reconcile(reservations)
+    assert kube.calls == []
+
+
+def test_a_reservation_for_a_newer_pod_than_the_cache_holds_is_confirmed_not_dropped() -> None:
+    """The cache may still hold the old pod of that name (its DELETED event not seen yet)."""
+    kube = FakeKube(pods={"p": pod("uid-2")})
+    reconcile(controller(kube, cached_pods=[pod("uid-1")], cached_claim=claim(reserved=[reservation("uid-2")],
+                                                                                 owner_uid="uid-2")))
+    assert kube.reads() == [("get_pod", "p")] and kube.writes() == []
+
+
+def test_a_claim_whose_owner_the_cache_shows_replaced_is_deleted_only_after_a_get() -> None:
+    kube = FakeKube(pods={"p": pod("uid-2")})
+    reconcile(controller(kube, cached_pods=[pod("uid-2")], cached_claim=claim(reserved=[])))
+    assert kube.reads() == [("get_pod", "p")]
+    assert [call for call, _ in kube.writes()] == ["delete_claim"]
+
+
+def test_a_stale_claim_is_read_once_and_planned_again() -> None:
+    fresh = claim(reserved=[reservation("uid-2", "q")], version="20")  # the pod let go meanwhile, another joined
+    kube = FakeKube(pods={"q": pod("uid-2", name="q")}, claim=fresh)
+    kube.refuse = [ApiError(422, "Invalid", "the server rejected our request due to an error in our request")]
+    reservations = controller(kube, cached_pods=[pod(phase="Failed")], cached_claim=claim(reserved=[reservation()]))
+    reconcile(reservations)
+    assert [call for call, _ in kube.calls] == ["patch_claim_status", "get_claim", "get_pod"]
+
+
+def test_a_stale_claim_is_released_on_the_fresh_copy() -> None:
+    kube = FakeKube(claim=claim(reserved=[reservation()], version="20"))
+    kube.refuse = [ApiError(409, "Conflict", "the object has been modified")]
+    reconcile(controller(kube, cached_pods=[pod(phase="Failed")], cached_claim=claim(reserved=[reservation()])))
+    status_patches = [ops for call, ops in kube.calls if call == "patch_claim_status"]
+    assert [ops[0]["value"] for ops in status_patches] == ["10", "20"]
+    assert ("get_claim", "c") in kube.calls
+
+
+def test_other_errors_are_not_taken_for_a_stale_claim() -> None:
+    kube = FakeKube()
+    kube.refuse = [ApiError(403, "Forbidden", "no")]
+    with pytest.raises(ApiError):
+        reconcile(controller(kube, cached_pods=[pod(phase="Failed")], cached_claim=claim(reserved=[reservation()])))
+    assert kube.reads() == []
+
+
+def test_a_quarantined_generated_claim_keeps_its_allocation() -> None:
+    kube = FakeKube()
+    reservations = controller(kube, cached_claim=claim(reserved=[reservation()]), quarantined=True)
+    reservations.note_deleted_pod("uid-1")
+    reconcile(reservations)
+    status_ops = next(ops for call, ops in kube.calls if call == "patch_claim_status")
+    assert {"op": "remove", "path": "/status/allocation"} not in status_ops
+    assert kube.reads() == []
+
+
+def test_a_podgroup_reservation_is_dropped_only_after_a_live_read() -> None:
+    cached = claim(reserved=[GROUP_ENTRY], generated=False)
+    other = {"metadata": {"name": "team", "namespace": NS, "uid": "another-pg"}, "spec": {}}
+    same = {"metadata": {"name": "team", "namespace": NS, "uid": "pg-uid"}, "spec": {}}
+    kube = FakeKube(podgroup=same)  # the cache lags: the live PodGroup is the reserved one
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=other, podgroups=True))
+    assert kube.calls == [("get_podgroup", "team")]
+
+    kube = FakeKube(podgroup=None)
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=other, podgroups=True))
+    assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim_status", "patch_claim"]
+
+
+def test_deleted_pods_are_remembered_up_to_the_limit_oldest_forgotten_first() -> None:
+    deleted = DeletedPods(size=2)
+    for uid in ("a", "b", "a", "c", ""):
+        deleted.add(uid)
+    assert "a" in deleted and "c" in deleted and "b" not in deleted and "" not in deleted
+    assert len(deleted) == 2
