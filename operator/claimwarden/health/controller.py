@@ -45,7 +45,7 @@ BREAKER_OPEN = "EvictionBreakerOpen"
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
-FIRST_WRITE_SETTLE = 1.0  # seconds a record's first status waits while its pods are being evicted
+FIRST_WRITE_SETTLE = 10.0  # seconds a record's first status may wait for its device to settle
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ class HealthController:
                                                      defer=evicting_now)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
-                                 settle=evicting_now)
+                                 settle=record_plan.quarantine_needed and bool(holders))
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -341,8 +341,10 @@ class HealthController:
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
                             quarantine: list[str], rule: str, *, paused: str, approved: str | None,
                             settle: bool = False) -> None:
-        """Write the record's status when it changed, paced (counts.py); with `settle` (its pods are being
-        evicted now) the first write waits a moment, so that it carries their evictions."""
+        """Write the record's status when it changed, paced (counts.py). With `settle` (claims still hold a
+        device that is to be quarantined: its pods are being evicted or let go) the first write waits until
+        they have let go, for at most FIRST_WRITE_SETTLE seconds, so that one write carries the evictions
+        and the quarantine claim rather than one write each."""
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
