@@ -315,7 +315,8 @@ class HealthController:
                                                      defer=evicting_now)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
-                                 settle=record_plan.quarantine_needed and bool(holders))
+                                 settle=record_plan.quarantine_needed and bool(holders) and not paused
+                                 and not self.evictions.blocked(name))
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -342,7 +343,8 @@ class HealthController:
                             quarantine: list[str], rule: str, *, paused: str, approved: str | None,
                             settle: bool = False) -> None:
         """Write the record's status when it changed, paced (counts.py). With `settle` (claims still hold a
-        device that is to be quarantined: its pods are being evicted or let go) the first write waits until
+        device that is to be quarantined, and nothing holds its evictions back: its pods are being evicted,
+        or let go) the first write waits until
         they have let go, for at most FIRST_WRITE_SETTLE seconds, so that one write carries the evictions
         and the quarantine claim rather than one write each."""
         name = record["metadata"]["name"]

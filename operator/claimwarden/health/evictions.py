@@ -116,6 +116,10 @@ class Evictions:
         """UIDs of the pods this process evicted in the last EVICTED_MEMORY_SECONDS."""
         return frozenset(self._evicted_pods)
 
+    def blocked(self, record_name: str) -> bool:
+        """True while a PodDisruptionBudget refuses one of the record's evictions."""
+        return any(cast(EvictionKey, key)[0] == record_name for key in self._pdb_attempts)
+
     def in_flight(self, driver: str) -> int:
         return self._in_flight.get(driver, 0)
 
