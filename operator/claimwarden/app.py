@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import kopf
@@ -69,38 +69,52 @@ HEALTH_INDEX_NAMES = ("slices_by_name", "device_records")
 PODGROUP_INDEX_NAMES = ("pod_groups",)
 
 
-@dataclass
-class RunConfig:
-    """What `claimwarden run` was asked to do; set once before Kopf starts."""
+@dataclass(frozen=True)
+class RunSettings:
+    """What `claimwarden run` was asked to do and what it found at start-up.
 
-    controllers: tuple[str, ...] = ALL_CONTROLLERS
-    metrics_address: str = "0.0.0.0"
-    metrics_port: int = 9090
-    kubeconfig: str | None = None
-    namespace: str = "claimwarden-system"
-    workers: int = 8
-    request_timeout: float = 30.0  # seconds per API request of the controllers (Kube)
-    api_qps: float = 0.0  # Kube's client-side budget (--kube-api-qps); 0 = no limit
-    api_burst: int = 1
+    Built once by `cli.py` and handed to the handlers in Kopf's memo (`run_settings_of`), as Kopf
+    hands its own `OperatorSettings`; nothing changes it afterwards. It is not called `settings` in
+    the memo because Kopf's handlers already take a `settings` keyword: Kopf's own.
+    """
+
+    controllers: tuple[str, ...]
+    metrics_address: str
+    metrics_port: int
+    kubeconfig: str | None
+    namespace: str
+    workers: int
+    request_timeout: float  # seconds per API request of the controllers (Kube)
+    api_qps: float  # Kube's client-side budget (--kube-api-qps); 0 = no limit
+    api_burst: int
+    resync_seconds: float
+    metrics_cache_seconds: float  # how long a computed gauge is served again (--metrics-cache-period)
+    election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
+    health: HealthSettings
+    # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
-    resync_seconds: float = 300.0
-    metrics_cache_seconds: float = 5.0  # how long a computed gauge is served again (--metrics-cache-period)
-    election: ElectionSettings | None = None  # None with --leader-elect=false: this process leads at once
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
-    health: HealthSettings = field(default_factory=HealthSettings)
 
 
-CONFIG = RunConfig()
+def run_settings_of(memo: kopf.Memo) -> RunSettings:
+    """The settings `cli.py` put in the memo that Kopf hands to every handler."""
+    settings: RunSettings = memo["run_settings"]
+    return settings
 
 
 def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(SERVICE_ACCOUNT_TOKEN)
 
 
+def _client_configuration(kubeconfig: str | None) -> sync_client.Configuration:
+    """The given kubeconfig, else in-cluster credentials when in a pod, else $KUBECONFIG or ~/.kube/config."""
+    return client_configuration(kubeconfig, in_cluster() and not kubeconfig)
+
+
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """One explicit login, so credentials never depend on which client libraries are installed."""
-    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    configuration = _client_configuration(run_settings_of(memo).kubeconfig)
     return connection_info(configuration, settings.networking.trust_env)
 
 
@@ -331,70 +345,73 @@ def register_podgroup_handlers(version: str) -> None:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     apply_kopf_settings(settings)
+    run_settings = run_settings_of(memo)
     kopf_diffbase.check_registry(kopf.get_default_registry())
 
     log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
-             __version__, CONFIG.server_version, ",".join(CONFIG.controllers))
+             __version__, run_settings.server_version, ",".join(run_settings.controllers))
 
     cache = Cache(index_views({name: kwargs[name]
                                for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
                                if name in kwargs}))
-    identity = CONFIG.election.identity if CONFIG.election else "standalone"
-    kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
-                              request_timeout=CONFIG.request_timeout,
+    identity = run_settings.election.identity if run_settings.election else "standalone"
+    kube = await Kube.connect(run_settings.kubeconfig, in_cluster() and not run_settings.kubeconfig,
+                              request_timeout=run_settings.request_timeout,
                               user_agent=f"claimwarden/{__version__} ({identity})",
-                              qps=CONFIG.api_qps, burst=CONFIG.api_burst)
-    runtime = Runtime(cache=cache, kube=kube, workers_per_queue=CONFIG.workers, resync_seconds=CONFIG.resync_seconds,
-                      kopf_state=memo.kopf_state)
-    if "claims" in CONFIG.controllers:
+                              qps=run_settings.api_qps, burst=run_settings.api_burst)
+    runtime = Runtime(cache=cache, kube=kube, workers_per_queue=run_settings.workers,
+                      resync_seconds=run_settings.resync_seconds, kopf_state=memo.kopf_state)
+    if "claims" in run_settings.controllers:
         runtime.claims = ClaimsController(cache, kube)
         runtime.add_loop(runtime.claims.queue, runtime.claims.reconcile)
-        if CONFIG.podgroup_version is not None:
+        if run_settings.podgroup_version is not None:
             claims = runtime.claims
 
             def members_record(namespace: str, podgroup: str) -> None:
                 for pod in cache.pods_in_podgroup(namespace, podgroup):
                     claims.enqueue_pod(namespace, pod)
 
-            runtime.podgroups = PodGroupsController(cache, kube, CONFIG.podgroup_version, on_claim=members_record)
+            runtime.podgroups = PodGroupsController(cache, kube, run_settings.podgroup_version,
+                                                    on_claim=members_record)
             claims.podgroups = runtime.podgroups
             runtime.add_loop(runtime.podgroups.queue, runtime.podgroups.reconcile)
-    if "health" in CONFIG.controllers:
-        runtime.health = HealthController(cache, kube, CONFIG.namespace, CONFIG.health)
+    if "health" in run_settings.controllers:
+        runtime.health = HealthController(cache, kube, run_settings.namespace, run_settings.health)
         runtime.add_loop(runtime.health.slice_queue, runtime.health.marks.reconcile)
-        runtime.add_loop(runtime.health.record_queue, runtime.health.reconcile_record, CONFIG.health.workers)
-        runtime.add_loop(runtime.health.eviction_queue, runtime.health.evictions.reconcile, CONFIG.health.workers)
+        workers = run_settings.health.workers
+        runtime.add_loop(runtime.health.record_queue, runtime.health.reconcile_record, workers)
+        runtime.add_loop(runtime.health.eviction_queue, runtime.health.evictions.reconcile, workers)
         runtime.background.append(asyncio.create_task(
             runtime.health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
-    if "reservations" in CONFIG.controllers:
+    if "reservations" in run_settings.controllers:
         runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
-                                                      else None, podgroup_version=CONFIG.podgroup_version)
+                                                      else None, podgroup_version=run_settings.podgroup_version)
         runtime.add_loop(runtime.reservations.queue, runtime.reservations.reconcile)
     memo.runtime = runtime
-    if CONFIG.election is None:
+    if run_settings.election is None:
         metrics.LEADER.set(1)
         await runtime.lead()
     else:
         # The lease gets connections of its own: behind a burst of evictions and records (64 workers on 32
         # pooled connections) a renewal once waited past the lease duration and fenced every write.
-        lease_kube = await Kube.connect(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig,
-                                        request_timeout=CONFIG.request_timeout,
+        lease_kube = await Kube.connect(run_settings.kubeconfig, in_cluster() and not run_settings.kubeconfig,
+                                        request_timeout=run_settings.request_timeout,
                                         user_agent=f"claimwarden/{__version__} ({identity})")
-        runtime.elector = Elector(lease_kube, CONFIG.election, on_started=runtime.lead, on_lost=lost_lease)
+        runtime.elector = Elector(lease_kube, run_settings.election, on_started=runtime.lead, on_lost=lost_lease)
         kube.may_write = runtime.elector.holds_lease
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
-    if "metrics" in CONFIG.controllers:
+    if "metrics" in run_settings.controllers:
         # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The
         # gauges walk every claim (and slice and record), so a result is reused for a while.
         loop = asyncio.get_running_loop()
 
         def gauge(fn: Callable[[], T]) -> Callable[[], T]:
-            return metrics.cached(metrics.on_loop(loop, fn), CONFIG.metrics_cache_seconds)
+            return metrics.cached(metrics.on_loop(loop, fn), run_settings.metrics_cache_seconds)
 
         # The cluster's state is reported by the leader only, so that sums over replicas stay true.
         metrics.REGISTRY.register(metrics.ClaimCollector(
-            gauge(lambda: _claim_samples(cache, CONFIG.namespace) if runtime.leading else [])))
+            gauge(lambda: _claim_samples(cache, run_settings.namespace) if runtime.leading else [])))
         health = runtime.health
         if health is not None:
             metrics.REGISTRY.register(metrics.DeviceCollector(
@@ -402,8 +419,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                 gauge(lambda: health.record_effects() if runtime.leading else []),
                 gauge(lambda: health.pending_evictions() if runtime.leading else 0),
                 gauge(lambda: health.unselective_taint_rules() if runtime.leading else None)))
-        memo.metrics_server = metrics.serve(CONFIG.metrics_address, CONFIG.metrics_port)
-        log.info("metrics on http://%s:%d/metrics", CONFIG.metrics_address, CONFIG.metrics_port)
+        memo.metrics_server = metrics.serve(run_settings.metrics_address, run_settings.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", run_settings.metrics_address, run_settings.metrics_port)
 
 
 def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
@@ -452,8 +469,8 @@ def probe_version(**_: Any) -> str:
     return __version__
 
 
-def records_crd_installed() -> bool:
-    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+def records_crd_installed(*, kubeconfig: str | None) -> bool:
+    configuration = _client_configuration(kubeconfig)
     with sync_client.ApiClient(configuration) as api:
         try:
             sync_client.CustomObjectsApi(api).list_cluster_custom_object(
@@ -465,14 +482,14 @@ def records_crd_installed() -> bool:
     return True
 
 
-def served_podgroup_version() -> str | None:
+def served_podgroup_version(*, kubeconfig: str | None) -> str | None:
     """The newest scheduling.k8s.io version under which the server serves PodGroups (discovery), or None.
 
     Decided by what the server serves, not by its version: 1.36 serves v1alpha2 and 1.37 v1alpha3 and,
     with --runtime-config, v1beta1 (upstream's controller uses v1beta1 there); none without the
     GenericWorkload gate.
     """
-    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    configuration = _client_configuration(kubeconfig)
     with sync_client.ApiClient(configuration) as api:
         for version in podgroups.VERSIONS:
             try:
@@ -486,9 +503,9 @@ def served_podgroup_version() -> str | None:
     return None
 
 
-def server_version() -> str:
+def server_version(*, kubeconfig: str | None) -> str:
     """One synchronous GET /version at start-up: proves the credentials work before watching."""
-    configuration = client_configuration(CONFIG.kubeconfig, in_cluster() and not CONFIG.kubeconfig)
+    configuration = _client_configuration(kubeconfig)
     with sync_client.ApiClient(configuration) as api:
         info = sync_client.VersionApi(api).get_code()
     return str(info.git_version)

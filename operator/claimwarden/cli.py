@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import sys
@@ -10,8 +11,12 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .app import RunSettings
 
 PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
 
@@ -184,60 +189,73 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
-    import kopf
+class SettingsError(Exception):
+    """Flags that parse one by one but not together (the leader election's durations)."""
 
-    from . import app, runtime
+
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """`claimwarden run`'s parsed flags as the frozen settings its handlers read; pure (no API calls).
+
+    What the server serves is not known yet: `_run` adds it with `dataclasses.replace`.
+    """
+    from .app import RunSettings
     from .health import breaker
     from .health.controller import HealthSettings
+    from .leader.elector import ElectionSettings, default_identity
 
-    if args.kubeconfig and not Path(args.kubeconfig).is_file():
-        print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
-        return 2
-    app.CONFIG.controllers = args.controllers
-    app.CONFIG.kubeconfig = args.kubeconfig
-    app.CONFIG.metrics_address = args.metrics_address
-    app.CONFIG.metrics_port = args.metrics_port
-    app.CONFIG.namespace = args.namespace
-    app.CONFIG.resync_seconds = args.resync_period
-    app.CONFIG.metrics_cache_seconds = args.metrics_cache_period
-    app.CONFIG.request_timeout = args.request_timeout
-    app.CONFIG.api_qps = args.kube_api_qps
-    app.CONFIG.api_burst = args.kube_api_burst or max(1, round(2 * args.kube_api_qps))
-    app.CONFIG.workers = args.workers
+    election = None
     if args.leader_elect:
-        from .leader.elector import ElectionSettings, default_identity
-
         election = ElectionSettings(
             namespace=args.namespace, identity=default_identity(),
             lease_seconds=max(1, round(args.leader_elect_lease_duration)),
             renew_deadline_seconds=args.leader_elect_renew_deadline,
             retry_seconds=args.leader_elect_retry_period)
         if election.problems():
-            print(f"claimwarden: {'; '.join(election.problems())}", file=sys.stderr)
-            return 2
-        app.CONFIG.election = election
-    app.CONFIG.health = HealthSettings(
+            raise SettingsError("; ".join(election.problems()))
+    health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
         eviction_qps=args.eviction_qps, eviction_burst=max(args.eviction_burst, 1),
         workers=max(args.eviction_workers, 1))
+    return RunSettings(
+        controllers=args.controllers, kubeconfig=args.kubeconfig, namespace=args.namespace,
+        metrics_address=args.metrics_address, metrics_port=args.metrics_port,
+        resync_seconds=args.resync_period, metrics_cache_seconds=args.metrics_cache_period,
+        request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
+        api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
+        workers=args.workers, election=election, health=health)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import app, runtime
+
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
+        return 2
+    try:
+        settings = run_settings(args)
+    except SettingsError as exc:
+        print(f"claimwarden: {exc}", file=sys.stderr)
+        return 2
     kopf.configure(verbose=args.verbose, log_format={
         "plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        app.CONFIG.server_version = app.server_version()
+        server_version = app.server_version(kubeconfig=settings.kubeconfig)
     except Exception as exc:
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         print(f"claimwarden: cannot reach the Kubernetes API ({reason}); "
               "check --kubeconfig, $KUBECONFIG or the in-cluster service account", file=sys.stderr)
         return 1
-    app.CONFIG.podgroup_version = app.served_podgroup_version()
-    if app.CONFIG.podgroup_version is not None:
-        app.register_podgroup_handlers(app.CONFIG.podgroup_version)
-    if "health" in args.controllers:
-        if not app.records_crd_installed():
+    settings = dataclasses.replace(settings, server_version=server_version,
+                                   podgroup_version=app.served_podgroup_version(kubeconfig=settings.kubeconfig))
+    if settings.podgroup_version is not None:
+        app.register_podgroup_handlers(settings.podgroup_version)
+    if "health" in settings.controllers:
+        if not app.records_crd_installed(kubeconfig=settings.kubeconfig):
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
@@ -250,12 +268,13 @@ def _run(args: argparse.Namespace) -> int:
 
     from .leader.elector import default_identity
 
-    identity = Identity(app.CONFIG.election.identity if app.CONFIG.election else default_identity())
+    identity = Identity(settings.election.identity if settings.election else default_identity())
     from . import kopf_toggles
 
     kopf_toggles.install()
     kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
-             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state), identity=identity)
+             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state, run_settings=settings),
+             identity=identity)
     return 0
 
 
