@@ -1,0 +1,85 @@
+"""`claimwarden run`'s flags become one frozen settings object (cli.run_settings), read from Kopf's memo."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+
+import kopf
+import pytest
+
+from claimwarden import app, cli
+
+
+def _settings(*flags: str) -> app.RunSettings:
+    return cli.run_settings(cli._parser(None).parse_args(["run", *flags]))
+
+
+def test_the_defaults_are_those_of_the_flags() -> None:
+    settings = _settings()
+    assert isinstance(settings, app.RunSettings)
+    assert settings.controllers == app.ALL_CONTROLLERS
+    assert settings.kubeconfig is None
+    assert settings.namespace == "claimwarden-system"
+    assert (settings.metrics_address, settings.metrics_port) == ("0.0.0.0", 9090)
+    assert (settings.resync_seconds, settings.metrics_cache_seconds) == (300.0, 5.0)
+    assert (settings.request_timeout, settings.api_qps, settings.api_burst) == (30.0, 0.0, 1)
+    assert settings.workers == 8
+    assert settings.election is not None and settings.election.namespace == "claimwarden-system"
+    assert (settings.election.lease_seconds, settings.election.renew_deadline_seconds,
+            settings.election.retry_seconds) == (15, 10.0, 2.0)
+    assert settings.health.workers == 32 and settings.health.breaker.max_fraction == 0.3
+    # Only start-up discovery fills these (cli._run, with dataclasses.replace).
+    assert (settings.server_version, settings.podgroup_version) == ("unknown", None)
+
+
+def test_flags_reach_the_settings() -> None:
+    settings = _settings("--controllers=claims,metrics", "--kubeconfig=/tmp/kc", "--namespace=ops",
+                         "--metrics-cache-period=0", "--kube-api-qps=20", "--workers=3", "--leader-elect=false",
+                         "--breaker-window=60", "--breaker-max-pods=5", "--eviction-burst=0", "--eviction-workers=0")
+    assert settings.controllers == ("claims", "metrics")
+    assert (settings.kubeconfig, settings.namespace, settings.workers) == ("/tmp/kc", "ops", 3)
+    assert settings.metrics_cache_seconds == 0.0
+    assert (settings.api_qps, settings.api_burst) == (20.0, 40)  # the burst defaults to twice the QPS
+    assert settings.election is None
+    assert settings.health.breaker.window == timedelta(seconds=60) and settings.health.breaker.max_pods == 5
+    assert (settings.health.eviction_burst, settings.health.workers) == (1, 1)  # at least one of each
+
+
+def test_an_explicit_burst_wins_and_the_lease_duration_is_whole_seconds() -> None:
+    settings = _settings("--kube-api-qps=20", "--kube-api-burst=7", "--leader-elect-lease-duration=20.6",
+                         "--namespace=ops")
+    assert settings.api_burst == 7
+    assert settings.election is not None
+    assert (settings.election.lease_seconds, settings.election.namespace) == (21, "ops")
+
+
+def test_election_durations_that_do_not_fit_together_are_refused() -> None:
+    with pytest.raises(cli.SettingsError, match="--leader-elect-lease-duration must be longer"):
+        _settings("--leader-elect-lease-duration=5", "--leader-elect-renew-deadline=10")
+    assert _settings("--leader-elect=false", "--leader-elect-lease-duration=5").election is None
+
+
+def test_the_settings_are_frozen() -> None:
+    settings = _settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.workers = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.health.workers = 1  # type: ignore[misc]
+    found = dataclasses.replace(settings, server_version="v1.36.0", podgroup_version="v1alpha2")
+    assert (found.server_version, found.podgroup_version) == ("v1.36.0", "v1alpha2")
+    assert settings.server_version == "unknown"
+
+
+def test_login_reads_the_kubeconfig_from_the_memo(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        "clusters: [{name: lab, cluster: {server: 'https://127.0.0.1:6443', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: lab, user: {token: secret-token}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: lab}}]\n")
+    memo = kopf.Memo(run_settings=_settings(f"--kubeconfig={kubeconfig}"))
+    info = app.login(settings=kopf.OperatorSettings(), memo=memo)
+    assert isinstance(info, kopf.ConnectionInfo)
+    assert (info.server, info.token, info.insecure) == ("https://127.0.0.1:6443", "secret-token", True)
