@@ -63,6 +63,8 @@ def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
     ("patch", "pods", False),
     ("create", "pods/exec", False),
     ("create", "pods/eviction", True),
+    ("list", "poddisruptionbudgets.policy", True),
+    ("get", "poddisruptionbudgets.policy", False),
     ("patch", "resourceclaims.resource.k8s.io/status", True),
     ("create", "resourceclaims.resource.k8s.io", True),
     ("patch", "unhealthydevices.claimwarden.io/status", True),

@@ -119,7 +119,8 @@ def test_taint_value_is_the_rules_value() -> None:
 def test_evicts_reserved_scheduled_pod() -> None:
     plan = plan_for(make_record(), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan == RecordPlan(evict=(eviction(),), pending=1, would_evict=1, would_evict_names=("ns/pod",),
-                              tolerated=0, holders=("ns/claim",), quarantine_needed=True)
+                              tolerated=0, holders=("ns/claim",), exclusive_holders=("ns/claim",),
+                              quarantine_needed=True)
 
 
 def test_default_effect_evicts() -> None:
@@ -129,7 +130,7 @@ def test_default_effect_evicts() -> None:
 
 def test_unreserved_holder_evicts_nobody() -> None:
     plan = plan_for(make_record(), [make_claim()], pods_of(make_pod()))
-    assert plan == RecordPlan(holders=("ns/claim",), quarantine_needed=True)
+    assert plan == RecordPlan(holders=("ns/claim",), exclusive_holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_unscheduled_pod_is_skipped() -> None:
@@ -273,7 +274,8 @@ def test_toleration_seconds_delay_due() -> None:
 def test_tolerated_forever_is_counted_not_evicted() -> None:
     claim = make_claim(reserved=[("pod", "pod-uid")], tolerations=[tol()])
     plan = plan_for(make_record(), [claim], pods_of(make_pod()))
-    assert plan == RecordPlan(tolerated=1, holders=("ns/claim",), quarantine_needed=True)
+    assert plan == RecordPlan(tolerated=1, holders=("ns/claim",), exclusive_holders=("ns/claim",),
+                              quarantine_needed=True)
 
 
 def test_empty_effect_toleration_does_not_prevent_eviction() -> None:
@@ -300,7 +302,7 @@ def test_none_effect_evicts_nobody_but_counts_would_evict() -> None:
 def test_no_schedule_evicts_nobody_but_needs_quarantine() -> None:
     plan = plan_for(make_record("NoSchedule"), [make_claim(reserved=[("pod", "pod-uid")])], pods_of(make_pod()))
     assert plan == RecordPlan(would_evict=1, would_evict_names=("ns/pod",), holders=("ns/claim",),
-                              quarantine_needed=True)
+                              exclusive_holders=("ns/claim",), quarantine_needed=True)
 
 
 def test_record_without_device_plans_nothing() -> None:

@@ -1,5 +1,5 @@
-"""Evictions read their records fresh: in a burst through shared metadata-only LISTs, each eviction
-joining the next LIST to start and never one already under way (health/evictions.py)."""
+"""Fresh reads shared by a burst (kube/next_read.py) and how evictions read their records with them
+(health/evictions.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,70 @@ from typing import Any
 from claimwarden.health import breaker
 from claimwarden.health.budget import TokenBucket
 from claimwarden.health.evictions import Evictions
+from claimwarden.kube.errors import ApiError
+from claimwarden.kube.next_read import NextRead
+
+
+async def _turns() -> None:
+    """Let every task that can run, run."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+class _Gated:
+    """A read that answers when told to; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.fail: Exception | None = None
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        await self.release.wait()
+        self.release.clear()
+        if self.fail is not None:
+            raise self.fail
+        return self.calls
+
+
+def test_callers_share_the_next_read_and_never_one_under_way() -> None:
+    async def run() -> None:
+        read = _Gated()
+        shared = NextRead(read)
+        first = [asyncio.ensure_future(shared.get()) for _ in range(3)]
+        await _turns()
+        assert read.calls == 1 and shared.busy
+        late = asyncio.ensure_future(shared.get())  # asks while the first read is under way
+        await _turns()
+        assert read.calls == 1, "one read at a time"
+        read.release.set()
+        assert await asyncio.gather(*first) == [1, 1, 1]
+        await _turns()
+        assert read.calls == 2, "the late caller gets a read that began after it asked"
+        read.release.set()
+        assert await late == 2
+        await _turns()
+        assert not shared.busy
+    asyncio.run(run())
+
+
+def test_a_failed_read_fails_its_callers_and_the_next_one_reads_again() -> None:
+    async def run() -> None:
+        read = _Gated()
+        read.fail = ApiError(500, "InternalError", "etcd is sad")
+        shared = NextRead(read)
+        callers = [asyncio.ensure_future(shared.get()) for _ in range(2)]
+        await _turns()
+        read.release.set()
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        assert all(isinstance(r, ApiError) for r in results)
+        read.fail = None
+        again = asyncio.ensure_future(shared.get())
+        await _turns()
+        read.release.set()
+        assert await again == 2
+    asyncio.run(run())
 
 
 class _Records:
@@ -22,18 +86,16 @@ class _Records:
 
 
 class _Kube:
-    """Answers metadata LISTs when told to; counts every read."""
-
-    def __init__(self, versions: dict[str, str]) -> None:
+    def __init__(self, versions: dict[str, str], *, fail: bool = False) -> None:
         self.versions = versions
+        self.fail = fail
         self.lists = 0
         self.gets: list[str] = []
-        self.release = asyncio.Event()
 
     async def list_metadata(self, api: str, plural: str) -> list[dict[str, Any]]:
         self.lists += 1
-        await self.release.wait()
-        self.release.clear()
+        if self.fail:
+            raise ApiError(429, "TooManyRequests", "slow down")
         return [{"name": n, "resourceVersion": v} for n, v in self.versions.items()]
 
     async def get_cluster_object(self, api: str, plural: str, name: str) -> dict[str, Any] | None:
@@ -41,45 +103,32 @@ class _Kube:
         return {"metadata": {"name": name, "resourceVersion": self.versions.get(name, "")}}
 
 
-async def _turns() -> None:
-    """Let every task that can run, run."""
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
 def _evictions(kube: _Kube, cache: _Records) -> Evictions:
     async def post(*_: Any) -> None:
         return None
-    evictions = Evictions(kube=kube, cache=cache, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
-                          breaker_settings=breaker.Settings(max_fraction=1.0), budget=TokenBucket(qps=0, burst=1))
-    evictions.queue.add("another key")  # a burst: more evictions are waiting
-    return evictions
+    return Evictions(kube=kube, cache=cache, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
+                     breaker_settings=breaker.Settings(max_fraction=1.0), budget=TokenBucket(qps=0, burst=1))
 
 
-def test_a_burst_shares_one_list_and_a_later_read_waits_for_the_next() -> None:
+def test_in_a_burst_records_listed_at_the_cached_version_are_not_read_again() -> None:
     async def run() -> None:
         kube = _Kube({"a": "1", "b": "1", "c": "2"})
         evictions = _evictions(kube, _Records("a", "b", "c", "d"))
-        first = [asyncio.ensure_future(evictions._read_record(n)) for n in ("a", "b")]
-        await _turns()
+        a, b, c, d = await asyncio.gather(*(evictions._read_record(n, shared=True) for n in "abcd"))
         assert kube.lists == 1
-        late = asyncio.ensure_future(evictions._read_record("a"))  # asks while the first LIST is under way
-        await _turns()
-        assert kube.lists == 1, "one LIST at a time"
-        kube.release.set()
-        a, b = await asyncio.gather(*first)
-        assert a is not None and b is not None and a["metadata"]["name"] == "a"
-        await _turns()
-        assert kube.lists == 2, "the late read gets a LIST that began after it asked"
-        kube.release.set()
-        assert (await late) is not None
+        assert a is evictions.cache.record("a") and b is evictions.cache.record("b")  # type: ignore[union-attr]
         # Listed at another version than the cache's: read by name. Not listed: gone.
-        mixed = [asyncio.ensure_future(evictions._read_record(n)) for n in ("c", "d")]
-        await _turns()
-        kube.release.set()
-        c, d = await asyncio.gather(*mixed)
         assert kube.gets == ["c"] and c is not None and c["metadata"]["resourceVersion"] == "2"
         assert d is None
+    asyncio.run(run())
+
+
+def test_a_failed_list_falls_back_to_reading_each_record() -> None:
+    async def run() -> None:
+        kube = _Kube({"a": "1"}, fail=True)
+        evictions = _evictions(kube, _Records("a"))
+        assert (await evictions._read_record("a", shared=True)) is not None
+        assert kube.gets == ["a"]
     asyncio.run(run())
 
 
@@ -87,7 +136,6 @@ def test_a_lone_eviction_reads_its_record_by_name() -> None:
     async def run() -> None:
         kube = _Kube({"a": "1"})
         evictions = _evictions(kube, _Records("a"))
-        evictions.queue = type(evictions.queue)("empty")
-        assert (await evictions._read_record("a")) is not None
+        assert (await evictions._read_record("a", shared=False)) is not None
         assert (kube.lists, kube.gets) == (0, ["a"])
     asyncio.run(run())

@@ -45,6 +45,7 @@ BREAKER_OPEN = "EvictionBreakerOpen"
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
+RULE_DEFER_MAX = 30.0  # seconds after the mark a DeviceTaintRule may wait for the record's evictions
 FIRST_WRITE_SETTLE = 10.0  # seconds a record's first status may wait for its device to settle
 
 
@@ -309,14 +310,16 @@ class HealthController:
         evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
         await self._note_breaker(decision, record)
         quarantine = await self.quarantine.sync(record, ref, needed=record_plan.quarantine_needed,
-                                                held=bool(holders), released=bool(released))
+                                                held=bool(record_plan.exclusive_holders), released=bool(released))
         memory.holders = holders
-        rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed,
-                                                     defer=evicting_now)
+        # The rule waits for evictions under way, not for ones held back, and not for long.
+        defer_rule = evicting_now and not self.evictions.blocked(name) and \
+            (moment - marked_at).total_seconds() < RULE_DEFER_MAX
+        rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
-                                 settle=record_plan.quarantine_needed and bool(holders) and not paused
-                                 and not self.evictions.blocked(name))
+                                 settle=_settling(record_plan, evicting_now=evicting_now, paused=bool(paused),
+                                                  blocked=self.evictions.blocked(name)))
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -392,7 +395,9 @@ class HealthController:
         }
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
-            if wait > 0:  # paced (counts.py): this reconcile comes back and writes what is then true
+            # A new set of quarantine claims goes out at once: a restart plans from status.deviceHolders and
+            # status.quarantineClaims, and a stale pair would make it replace a quarantine claim for nothing.
+            if wait > 0 and status.get("quarantineClaims") == quarantine:  # paced: it comes back and writes then
                 self.record_queue.add_after(name, wait)
                 return
             result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
@@ -443,14 +448,23 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
 
 
+def _settling(record_plan: plan.RecordPlan, *, evicting_now: bool, paused: bool, blocked: bool) -> bool:
+    """True while the record's device is changing hands: claims the scheduler counts still hold a device to
+    be quarantined, and its pods are being evicted now or have all been evicted (or need not be), with
+    nothing holding the evictions back. Its first status then waits for them to let go."""
+    if not record_plan.quarantine_needed or not record_plan.exclusive_holders or paused or blocked:
+        return False
+    return evicting_now or record_plan.pending == 0
+
+
 def _quarantined(effect: str, quarantine: list[str], record_plan: plan.RecordPlan) -> tuple[str, str, str]:
     """The Quarantined condition: (status, reason, message)."""
     if quarantine:
         return "True", "QuarantineClaimAllocated", f"held by {', '.join(quarantine)}"
-    if record_plan.quarantine_needed and record_plan.holders:
+    if record_plan.quarantine_needed and record_plan.exclusive_holders:
         # Claims that hold a device keep it from new work as well; the quarantine claim follows them.
-        return ("True", "HeldByClaims", f"held by {', '.join(record_plan.holders)}; a quarantine claim takes "
-                "the device when they let go")
+        return ("True", "HeldByClaims", f"held by {', '.join(record_plan.exclusive_holders)}; a quarantine claim "
+                "takes the device when they let go")
     if record_plan.quarantine_needed:
         return "False", "QuarantinePending", "the quarantine claim is being made"
     return "False", "NotQuarantined", f"effect {effect} does not quarantine"

@@ -39,7 +39,8 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import is_being_deleted, is_reserved_for
+from ..kube.next_read import NextRead
+from ..podclaims import TERMINAL_PHASES, is_being_deleted, is_reserved_for
 from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
 from . import breaker, groups, plan, records
@@ -54,7 +55,10 @@ EVICTION_BLOCKED = "EvictionBlocked"
 # Back-off for evictions refused by a PodDisruptionBudget (HTTP 429): 1 s doubling to 30 s.
 PDB_RETRY_FIRST, PDB_RETRY_MAX = 1.0, 30.0
 EVICTED_MEMORY_SECONDS = 600.0
-EVENT_POSTERS = 4  # Events posted at once: enough to keep up, few enough that evictions go first
+CONFLICT_RETRY = 0.5  # seconds before an eviction whose pod changed twice meanwhile is tried again
+PDB_API = "/apis/policy/v1"
+EVENT_POSTERS = 4
+EVENTS_PENDING_MAX = 10_000  # Events posted at once: enough to keep up, few enough that evictions go first
 
 EvictionKey = tuple[str, str, str, str, str]
 PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
@@ -89,9 +93,8 @@ class Evictions:
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
         self.counts = CountWrites()
-        self._versions_batch: asyncio.Future[dict[str, str]] | None = None
-        self._versions_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._record_versions = NextRead(self._list_record_versions)
+        self._guarded_namespaces = NextRead(self._list_guarded_namespaces)
         self.events = EventPoster(post_event)
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
@@ -134,7 +137,7 @@ class Evictions:
         if target is None:
             self._pdb_attempts.pop(key, None)
             return
-        record, pod, ref = target
+        record, pod, ref, pinned = target
         wait = _drain_wait(record)
         if wait is None:
             return
@@ -149,7 +152,7 @@ class Evictions:
             metrics.EVICTIONS_DEFERRED.labels("budget").inc()
             raise Requeue(wait, "budget")
         try:
-            evicted = await self._evict(namespace, pod_name, uid, pod)
+            evicted = await self._evict(namespace, pod_name, uid, pod, pinned=pinned)
         except ApiError as exc:
             self._release(ref.driver)
             if exc.disruption_budget:
@@ -190,23 +193,31 @@ class Evictions:
         self.events.post(pod, "Warning", EVICTED, f"evicted: device {ref} is unhealthy: {reason}")
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
 
-    async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body) -> Body | None:
-        """Evict the pod as last seen (`pod`, pinned by its resourceVersion); on a conflict read it and,
-        while it is the same pod and not terminating, evict it as read. The pod evicted, or None."""
+    async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body, *, pinned: bool) -> Body | None:
+        """Evict the pod. `pinned`: `pod` is the cached pod, and the eviction is pinned to its resourceVersion
+        (only where no PodDisruptionBudget may count it: the server spends a budget's disruption before it
+        compares the version); on a conflict the pod is read and, while it is the same pod still to evict,
+        evicted as read. The pod evicted, or None."""
         try:
-            await self.kube.evict_pod(namespace, pod_name, uid, pod["metadata"].get("resourceVersion"))
+            await self.kube.evict_pod(namespace, pod_name, uid, pod["metadata"].get("resourceVersion") if pinned
+                                      else None)
             return pod
         except ApiError as exc:
-            if exc.status != 409 or not pod["metadata"].get("resourceVersion"):
+            if exc.status != 409 or not pinned:
                 raise
         # The cached pod was not the latest (its status moved on, or it is gone): decide on a fresh read.
         fresh = await self.kube.get_pod(namespace, pod_name)
         if fresh is None or fresh["metadata"].get("uid") != uid:
             metrics.EVICTIONS.labels("gone").inc()
             return None
-        if is_being_deleted(fresh):
+        if is_being_deleted(fresh) or (fresh.get("status") or {}).get("phase") in TERMINAL_PHASES:
             return None
-        await self.kube.evict_pod(namespace, pod_name, uid, fresh["metadata"].get("resourceVersion"))
+        try:
+            await self.kube.evict_pod(namespace, pod_name, uid, fresh["metadata"].get("resourceVersion"))
+        except ApiError as exc:
+            if exc.status == 409:  # changed again meanwhile: try again shortly, not counted as gone
+                raise Requeue(CONFLICT_RETRY, "conflict") from None
+            raise
         return fresh
 
     def _breaker_room(self, record: Body, driver: str) -> bool:
@@ -233,18 +244,25 @@ class Evictions:
             self._in_flight.pop(driver, None)
 
     async def _still_due(self, record_name: str, namespace: str, pod_name: str, uid: str,
-                         claim_name: str) -> tuple[Body, Body, records.DeviceRef] | None:
-        """(record read fresh, pod as cached or read, device) when the pod is still to be evicted; else None.
+                         claim_name: str) -> tuple[Body, Body, records.DeviceRef, bool] | None:
+        """(record read fresh, pod, device, pinned) when the pod is still to be evicted; else None.
 
-        The cached pod is enough: the eviction is pinned to its resourceVersion (``_evict``)."""
+        In a burst, the record comes from a shared LIST and, where no PodDisruptionBudget is in the pod's
+        namespace, the pod from the cache, pinned (``_evict``); otherwise both are read by name."""
         if uid in self._evicted_pods:  # evicted by this process: its cached pod may not say so yet
             return None
-        pod: Body | None
         cached_pod = self.cache.pod(namespace, pod_name) if self.cache is not None else None
-        if cached_pod is not None and cached_pod["metadata"].get("uid") == uid:
-            record, pod = await self._read_record(record_name), cached_pod
-        else:  # not cached (yet), or cached as another pod: ask the API
-            record, pod = await asyncio.gather(self._read_record(record_name), self.kube.get_pod(namespace, pod_name))
+        burst = len(self.queue) > 0 or self._record_versions.busy
+        pinned = False
+        pod: Body | None
+        if burst and cached_pod is not None and cached_pod["metadata"].get("uid") == uid:
+            record, guarded = await asyncio.gather(self._read_record(record_name, shared=True),
+                                                   self._guarded(namespace))
+            pinned = not guarded
+            pod = cached_pod if pinned else await self.kube.get_pod(namespace, pod_name)
+        else:
+            record, pod = await asyncio.gather(self._read_record(record_name, shared=burst),
+                                               self.kube.get_pod(namespace, pod_name))
         ref = records.record_ref(record) if record is not None else None
         if record is None or ref is None or records.record_effect(record) != "NoExecute" or \
                 is_being_deleted(record):
@@ -260,61 +278,50 @@ class Evictions:
         cached = self.cache.claim(namespace, claim_name) if self.cache is not None else None
         if cached is not None and plan.holds_device(cached, ref) and (
                 is_reserved_for(cached, uid) or groups.holds_through_group(cached, pod)):
-            return record, pod, ref
+            return record, pod, ref, pinned
         claim = await self.kube.get_claim(namespace, claim_name)
         if claim is None or not plan.holds_device(claim, ref):
             return None
         if not is_reserved_for(claim, uid) and not groups.holds_through_group(claim, pod):
             return None
-        return record, pod, ref
+        return record, pod, ref, pinned
 
-    async def _read_record(self, name: str) -> Body | None:
-        """The record as it is now in the API.
-
-        In a burst, evictions share metadata-only LISTs of the records (a rack of marked devices is a
-        few LISTs, not a GET per pod): each eviction joins the next LIST to start, never one already
-        under way, and one LIST runs at a time (``_next_versions``). A record listed at the
-        resourceVersion the cache holds is the cached record; one listed at another version is read by
-        name, and so is the record of a lone eviction."""
+    async def _read_record(self, name: str, *, shared: bool) -> Body | None:
+        """The record as it is now in the API. `shared` (a burst): through the records' versions, read by
+        one metadata-only LIST that waiting evictions share (``NextRead``): a record listed at the
+        resourceVersion the cache holds is the cached record, one missing is gone, any other is read by
+        name; if the LIST fails, by name too. Otherwise the record is read by name."""
         cached = self.cache.record(name) if self.cache is not None else None
-        if cached is None or (self._versions_batch is None and not self._versions_lock.locked()
-                              and len(self.queue) == 0):
+        if cached is None or not shared:
             return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
-        versions = await self._next_versions()
+        try:
+            versions = await self._record_versions.get()
+        except ApiError as exc:
+            log.warning("listing the records failed (%s); reading them one by one", exc)
+            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
         if name not in versions:
             return None
         if versions[name] == cached["metadata"].get("resourceVersion"):
             return cached
         return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
 
-    async def _next_versions(self) -> dict[str, str]:
-        """The records' versions from a LIST that starts after this call (joined by every call made until
-        it starts)."""
-        batch = self._versions_batch
-        if batch is None:
-            batch = self._versions_batch = asyncio.get_running_loop().create_future()
-            task = asyncio.ensure_future(self._list_versions(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(batch)
-
-    async def _list_versions(self, batch: asyncio.Future[dict[str, str]]) -> None:
-        async with self._versions_lock:
-            if self._versions_batch is batch:
-                self._versions_batch = None  # calls from now on wait for the next LIST
-            try:
-                batch.set_result(await self._list_record_versions())
-            except asyncio.CancelledError:
-                batch.cancel()
-                raise
-            except Exception as exc:  # every caller gets it (their keys are retried with back-off)
-                batch.set_exception(exc)
-
     async def _list_record_versions(self) -> dict[str, str]:
         """name -> resourceVersion of every record, read now; records being deleted are left out."""
         return {str(meta.get("name")): str(meta.get("resourceVersion"))
                 for meta in await self.kube.list_metadata(f"/apis/{RECORDS_API}", records.PLURAL)
                 if not meta.get("deletionTimestamp")}
+
+    async def _guarded(self, namespace: str) -> bool:
+        """True when a PodDisruptionBudget may count the namespace's pods (or that cannot be told)."""
+        try:
+            return namespace in await self._guarded_namespaces.get()
+        except ApiError as exc:
+            log.warning("listing PodDisruptionBudgets failed (%s); pods are read before their eviction", exc)
+            return True
+
+    async def _list_guarded_namespaces(self) -> frozenset[str]:
+        return frozenset(str(meta.get("namespace"))
+                         for meta in await self.kube.list_metadata(PDB_API, "poddisruptionbudgets"))
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()
@@ -331,6 +338,7 @@ class Evictions:
         attempts = self._pdb_attempts.get(key, 0) + 1
         self._pdb_attempts[key] = attempts
         if attempts == 1:
+            self._on_evicted(cast(EvictionKey, key)[0], 0.0)  # its status says so now (controller._settling)
             await self._post_event(pod, "Warning", EVICTION_BLOCKED,
                                    f"eviction for unhealthy device {ref} is blocked: {exc.message}")
         delay = min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX)
@@ -348,7 +356,6 @@ class Evictions:
     async def flush_counts(self) -> None:
         """Write every count still only in memory (at shutdown, after the workers have stopped), and let the
         Events still going out finish."""
-        await self.events.drain()
         for name in self.counts.unsaved():
             if name not in self._evicted:
                 continue
@@ -362,6 +369,7 @@ class Evictions:
             except ApiError as exc:
                 if not exc.not_found:
                     log.warning("could not store the eviction count of record %s: %s", name, exc)
+        await self.events.drain()
 
 
 def _drain_wait(record: Body) -> float | None:
@@ -389,6 +397,10 @@ class EventPoster:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def post(self, involved: Body, event_type: str, reason: str, message: str) -> None:
+        if len(self._tasks) >= EVENTS_PENDING_MAX:  # the apiserver is far behind: Events are the first to go
+            log.warning("dropped event %s on %s: %d events still going out", reason,
+                        involved["metadata"].get("name"), len(self._tasks))
+            return
         task = asyncio.get_running_loop().create_task(self._send(involved, event_type, reason, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

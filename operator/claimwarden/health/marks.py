@@ -60,7 +60,7 @@ class Marks:
             log.info("slice %s: device %s marked unhealthy: %s", name, body["spec"]["device"], body["spec"]["reason"])
 
         failed = [r for r in await asyncio.gather(*(create(b) for b in sync.create), return_exceptions=True)
-                  if isinstance(r, BaseException)]
+                  if isinstance(r, Exception)]
         if failed:  # the queue retries the slice; records already created are 409s then
             raise failed[0]
         for record_name, reason in sync.update_reason:

@@ -84,6 +84,8 @@ class RecordPlan:
     """Pods using the device whose claims tolerate the taint forever."""
     holders: tuple[str, ...] = ()
     """The non-quarantine claims allocated the device, as sorted "namespace/name"."""
+    exclusive_holders: tuple[str, ...] = ()
+    """Those of them that kube-scheduler counts as allocating the device (``keeps_device_allocated``)."""
     quarantine_needed: bool = False
     """Effect NoExecute or NoSchedule: park the device with a quarantine claim."""
 
@@ -142,6 +144,15 @@ def is_quarantine_claim(claim: dict[str, Any], namespace: str) -> bool:
 def holds_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
     """True when the claim is allocated and one of its allocation results is the device."""
     return is_allocated(claim) and any(names_device(result, ref) for result in allocation_results(claim))
+
+
+def keeps_device_allocated(claim: dict[str, Any], ref: DeviceRef) -> bool:
+    """True when kube-scheduler counts the claim as allocating the device: a result for it without admin
+    access and without a shareID (admin-access results are not counted, and shared consumable-capacity
+    results are counted apart). Only such a claim keeps new work off the device by holding it.
+    """
+    return is_allocated(claim) and any(names_device(result, ref) and not result.get("adminAccess")
+                                       and not result.get("shareID") for result in allocation_results(claim))
 
 
 def claim_key(claim: dict[str, Any]) -> str:
@@ -278,6 +289,7 @@ def plan_record(
         would_evict_names=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in earliest)),
         tolerated=len(using - earliest.keys()),
         holders=tuple(sorted(claim_key(claim) for claim in holders)),
+        exclusive_holders=tuple(sorted(claim_key(claim) for claim in holders if keeps_device_allocated(claim, ref))),
         quarantine_needed=effect in QUARANTINE_EFFECTS,
     )
 

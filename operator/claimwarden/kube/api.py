@@ -333,10 +333,17 @@ class Kube:
                 return uids
             query = {"limit": page, "continue": token}
 
-    async def list_metadata(self, api: str, plural: str) -> list[Body]:
-        """Every object of a cluster-scoped kind as its metadata alone, in one metadata-only LIST."""
-        listing = await self._must("GET", f"{api}/{plural}", accept=METADATA_LIST)
-        return [item.get("metadata") or {} for item in listing.get("items") or []]
+    async def list_metadata(self, api: str, plural: str, page: int = 500) -> list[Body]:
+        """Every object of a kind (in every namespace) as its metadata alone, from metadata-only pages."""
+        found: list[Body] = []
+        query: dict[str, Any] = {"limit": page}
+        while True:
+            listing = await self._must("GET", f"{api}/{plural}", query=query, accept=METADATA_LIST)
+            found.extend(item.get("metadata") or {} for item in listing.get("items") or [])
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return found
+            query = {"limit": page, "continue": token}
 
     async def get_object(self, api: str, plural: str, name: str, *, namespace: str | None) -> Body | None:
         """One object by name (namespaced when `namespace` is given), or None when there is none."""
