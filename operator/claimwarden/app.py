@@ -50,7 +50,7 @@ from .podclaims import (
     pod_claim_names,
 )
 from .reservations.controller import ReservationsController
-from .reservations.plan import is_near_limit, pod_may_release
+from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
 from .runtime import Runtime, lost_lease
 from .timestamps import now, parse_rfc3339
 
@@ -219,11 +219,14 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
         runtime.health.enqueue_for_pod(namespace, pod)
     if runtime.reservations and deleted:
         runtime.reservations.note_deleted_pod(uid)
-    if runtime.reservations and pod_may_release(pod, deleted=deleted):
+    if runtime.reservations:
+        releasing = pod_may_release(pod, deleted=deleted)
         for claim_name in pod_claim_names(pod):
-            runtime.reservations.enqueue_claim(namespace, claim_name)
-        for claim in runtime.cache.claims_owned_by(namespace, uid):
-            runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
+            if releasing or reserved_for_predecessor(runtime.cache.claim(namespace, claim_name), name, uid):
+                runtime.reservations.enqueue_claim(namespace, claim_name)
+        if releasing:
+            for claim in runtime.cache.claims_owned_by(namespace, uid):
+                runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
 
 
 @kopf.on.event(*CLAIMS)

@@ -280,7 +280,7 @@ def test_a_pod_of_each_kind_is_evicted_once_beside_upstreams_eviction_controller
         counted = evictions(lab37)
         assert counted[(namespace, "templated")] == 1 and counted[(namespace, "extended")] == 1, counted
         for pod in claims:
-            assert len(events(api, namespace, pod, EVICTED)) == 1
+            wait_for(f"one eviction Event on {pod}", lambda pod=pod: len(events(api, namespace, pod, EVICTED)) == 1)
             assert not events(api, namespace, pod, "DeviceTaintManagerEviction")
         # claimwarden's DeviceTaintRules are served at v1 here, NoSchedule only; upstream's eviction
         # controller sees them (it writes their status) and evicts nobody for them.

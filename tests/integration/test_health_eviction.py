@@ -273,8 +273,9 @@ def test_restart_between_marking_and_evicting_evicts_each_pod_exactly_once(
         assert operator_process.stop() == 0, "a clean exit on SIGTERM, the evictions in hand finished"
         operator_process.start()
         time.sleep(5)
-        for name in ("first", "second"):
-            assert len(events(api, namespace, name, "EvictedUnhealthyDevice")) == 1, name
+        for name in ("first", "second"):  # posted beside the evictions, and let finish at shutdown
+            wait_for(f"one eviction Event on {name}",
+                     lambda name=name: len(events(api, namespace, name, "EvictedUnhealthyDevice")) == 1, 10)
         record = record_for(api, pool, device)
         assert record is not None and record["status"]["podsEvicted"] == 2
     finally:

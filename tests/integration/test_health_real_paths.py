@@ -63,7 +63,7 @@ def test_a_template_labelled_as_quarantine_does_not_make_its_pods_immune(
     try:
         mark(api, pool, device, "labels prove nothing")
         wait_gone(api, namespace, "sneaky", 30)
-        assert events(api, namespace, "sneaky", "EvictedUnhealthyDevice")
+        wait_for("the eviction's Event", lambda: events(api, namespace, "sneaky", "EvictedUnhealthyDevice"))
     finally:
         unmark(api, pool, device)
 

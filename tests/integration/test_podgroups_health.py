@@ -124,19 +124,22 @@ def test_marking_the_device_of_a_podgroup_claim_evicts_each_member_once_and_spar
         bystander = core.read_namespaced_pod("bystander", namespace)
         assert bystander.status.phase == "Running" and bystander.metadata.deletion_timestamp is None
         assert events(api, namespace, "bystander", "EvictedUnhealthyDevice") == []
-        # The marked device is quarantined beside the team's claim, which stays reserved for its PodGroup
-        # (the PodGroup still exists): new pods of the group would get the same claim on the same device.
-        wait_for("the device quarantined", lambda: any(h.startswith("claimwarden-system/")
-                                                       for h in holders(api, pool, device)), 30)
-        assert f"{namespace}/{team_claim['metadata']['name']}" in holders(api, pool, device)  # type: ignore[index]
+        # The team's claim stays allocated and reserved for its PodGroup (the PodGroup still exists): new pods
+        # of the group would get the same claim on the same device. While it holds the device, no other claim
+        # can be given it, so no quarantine claim is made beside it; the record says so.
+        team = f"{namespace}/{team_claim['metadata']['name']}"  # type: ignore[index]
+        wait_for("the record saying the team's claim holds the device", lambda: any(
+            c["type"] == "Quarantined" and c["reason"] == "HeldByClaims" and team in c["message"]
+            for c in ((record_for(api, pool, device) or {}).get("status") or {}).get("conditions") or []), 30)
+        assert holders(api, pool, device) == [team]
 
-        assert _taint_rules(api) == [(device, "NoSchedule")]  # never NoExecute: upstream must not evict
+        # never NoExecute: upstream must not evict
+        wait_for("the taint rule", lambda: _taint_rules(api) == [(device, "NoSchedule")], 30)
 
         unmark(api, pool, device)
         wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)
         wait_for("the taint rule gone with its record", lambda: _taint_rules(api) == [], 60)
-        wait_for("the quarantine released", lambda: not any(
-            h.startswith("claimwarden-system/") for h in holders(api, pool, device)), 60)
+        assert not any(h.startswith("claimwarden-system/") for h in holders(api, pool, device))
         assert "Traceback" not in Path(operator.log_path).read_text()
     finally:
         # With claimwarden still running: it removes the claims' delete-protection finalizers.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
-from claimwarden.reservations.plan import ClaimPlan, plan_claim, pod_view
+from claimwarden.reservations.plan import ClaimPlan, plan_claim, pod_view, reserved_for_predecessor
 
 from .claim_fixtures import pod_owner_reference
 
@@ -287,3 +287,13 @@ def test_limit_ratio_is_configurable() -> None:
     entries, pods = _many(128)
     assert plan_claim(make_claim(entries), pods, None, limit_ratio=0.5).near_limit
     assert not plan_claim(make_claim(entries), pods, None).near_limit
+
+
+def test_a_claim_reserved_for_a_replaced_pod_of_the_same_name_is_looked_at_again() -> None:
+    """A replacement whose predecessor's DELETED event was missed (a watch gap) is the only event left."""
+    claim = {"metadata": {"namespace": "ns", "name": "c"}, "status": {"reservedFor": [
+        {"resource": "pods", "name": "web-0", "uid": "old-uid"}]}}
+    assert reserved_for_predecessor(claim, "web-0", "new-uid")
+    assert not reserved_for_predecessor(claim, "web-0", "old-uid")
+    assert not reserved_for_predecessor(claim, "web-1", "new-uid")
+    assert not reserved_for_predecessor(None, "web-0", "new-uid")

@@ -91,6 +91,15 @@ def pod_may_release(pod: dict[str, Any], *, deleted: bool) -> bool:
     return deleted or is_being_deleted(pod) or status(pod).get("phase") in TERMINAL_PHASES
 
 
+def reserved_for_predecessor(claim: dict[str, Any] | None, pod_name: str, pod_uid: str) -> bool:
+    """True when the claim is reserved for a pod of this name under another UID: a pod replaced while a
+    watch was down, whose DELETED event never came (a re-listing watch delivers none). The new pod's
+    events are then the only ones that tell the claim to let the old one go."""
+    return claim is not None and any(
+        is_pod_reservation(entry) and entry.get("name") == pod_name and entry.get("uid") != pod_uid
+        for entry in reserved_for(claim))
+
+
 def plan_claim(
     claim: dict[str, Any],
     pods: Mapping[str, dict[str, Any] | None],
