@@ -166,8 +166,16 @@ class Quarantine:
         try:
             await self.kube.create_cluster_object(api, "devicetaintrules", body)
         except ApiError as exc:
-            if not exc.conflict:  # 409: it exists already (made before a restart, or known no longer)
+            if not exc.conflict:
                 raise
+            # It exists: made before a restart, or by an earlier record of this name (re-created while a
+            # watch was down), whose rule the garbage collector is about to delete. That one is replaced.
+            existing = await self.kube.get_cluster_object(api, "devicetaintrules", rule_name)
+            owners = [ref.get("uid") for ref in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []]
+            if record["metadata"]["uid"] not in owners:
+                if existing is not None:
+                    await self.kube.delete_cluster_object(api, "devicetaintrules", rule_name)
+                await self.kube.create_cluster_object(api, "devicetaintrules", body)
         self._rules[record_name] = (True, time.monotonic())
         return rule_name
 
