@@ -345,11 +345,9 @@ class HealthController:
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
                             quarantine: list[str], rule: str, *, paused: str, approved: str | None,
                             settle: bool = False) -> None:
-        """Write the record's status when it changed, paced (counts.py). With `settle` (claims still hold a
-        device that is to be quarantined, and nothing holds its evictions back: its pods are being evicted,
-        or let go) the first write waits until
-        they have let go, for at most FIRST_WRITE_SETTLE seconds, so that one write carries the evictions
-        and the quarantine claim rather than one write each."""
+        """Write the record's status when it changed, paced (counts.py). With `settle` (``_settling``) the
+        first write waits until the claims holding the device have let go, for at most FIRST_WRITE_SETTLE
+        seconds, so that one write carries the evictions and the quarantine claim rather than one each."""
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
         status = record.get("status") or {}
