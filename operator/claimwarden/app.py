@@ -387,8 +387,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.background.append(asyncio.create_task(
             runtime.health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
     if "reservations" in run_settings.controllers:
-        runtime.reservations = ReservationsController(cache, kube, runtime.health.quarantined if runtime.health
-                                                      else None, podgroup_version=run_settings.podgroup_version)
+        health = runtime.health
+        runtime.reservations = ReservationsController(
+            cache, kube, health.quarantined if health else None, podgroup_version=run_settings.podgroup_version,
+            held=health.release_held if health else None)
         runtime.add_loop(runtime.reservations.queue, runtime.reservations.reconcile)
     memo.runtime = runtime
     if run_settings.election is None:

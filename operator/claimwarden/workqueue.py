@@ -119,6 +119,11 @@ class WorkQueue:
     def __len__(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def busy(self) -> bool:
+        """True while a key is queued for now or being reconciled (keys waiting for a later time are not)."""
+        return bool(self._dirty or self._processing)
+
     def shutdown(self) -> None:
         for timer in self._timers.values():
             timer.cancel()

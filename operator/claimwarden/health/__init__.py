@@ -10,6 +10,8 @@ Modules, by what they decide or do:
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
 - ``evictions``: one pod at a time, through the Eviction API, after the drain mode, the breaker and
   the budget allow it.
+- ``wave``: the bookkeeping (statuses, Events, releases on quarantined devices) that waits while a
+  wave of evictions is under way, so that the evictions go first.
 
 **The quarantine trap** (README "Keeping new work away"). A quarantine claim is a ResourceClaim in
 claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never

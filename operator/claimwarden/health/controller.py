@@ -36,6 +36,7 @@ from .quarantine import Quarantine
 from .records import DeviceRef
 from .taint_rules import UnselectiveRules
 from .tolerations import copies_tolerations
+from .wave import HOLD_RECHECK, Wave
 
 log = logging.getLogger("claimwarden.health")
 
@@ -84,6 +85,7 @@ class HealthController:
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
+        self.wave = Wave(lambda: self.evictions.queue.busy)
         self._memory: dict[str, RecordMemory] = {}
         # record -> (resourceVersion our last status write returned, the status it wrote).
         self._status_written: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -148,6 +150,12 @@ class HealthController:
     def _note_copies(self) -> None:
         self._copies_tolerations = True
         log.info("allocation results carry tolerations: eviction honours those, never the claims' requests")
+
+    def release_held(self, claim: Body) -> bool:
+        """True when the release of a claim should wait for the wave of evictions under way (wave.py): only
+        claims on quarantined devices, which stay held by their allocation meanwhile."""
+        meta = claim.get("metadata") or {}
+        return self.quarantined(claim) and self.wave.holds(("claim", meta.get("namespace"), meta.get("name")))
 
     def quarantined(self, claim: Body) -> bool:
         """True if the claim holds a device that a NoExecute or NoSchedule record quarantines."""
@@ -393,6 +401,8 @@ class HealthController:
         }
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
+            if wait <= 0 and not paused and not self.evictions.blocked(name) and self.wave.holds(("status", name)):
+                wait = HOLD_RECHECK  # evictions go first (wave.py)
             # A new set of quarantine claims goes out at once: a restart plans from status.deviceHolders and
             # status.quarantineClaims, and a stale pair would make it replace a quarantine claim for nothing.
             if wait > 0 and status.get("quarantineClaims") == quarantine:  # paced: it comes back and writes then

@@ -46,6 +46,7 @@ from ..workqueue import Requeue, WorkQueue
 from . import breaker, groups, plan, records
 from .budget import TokenBucket
 from .counts import CountWrites
+from .wave import HOLD_MAX, HOLD_RECHECK
 
 log = logging.getLogger("claimwarden.health")
 
@@ -95,7 +96,7 @@ class Evictions:
         self.counts = CountWrites()
         self._record_versions = NextRead(self._list_record_versions)
         self._guarded_namespaces = NextRead(self._list_guarded_namespaces)
-        self.events = EventPoster(post_event)
+        self.events = EventPoster(post_event, hold=lambda: self.queue.busy)
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -391,8 +392,11 @@ class EventPoster:
     by the caller, so a burst of evictions is not slowed by its own Events. `drain` (at shutdown) waits a
     little for those still going out."""
 
-    def __init__(self, post: PostEvent, limit: int = EVENT_POSTERS) -> None:
+    def __init__(self, post: PostEvent, limit: int = EVENT_POSTERS, *,
+                 hold: Callable[[], bool] = lambda: False) -> None:
+        """`hold()`: Events wait while it says so (a wave of evictions, wave.py), each at most HOLD_MAX s."""
         self._post = post
+        self._hold = hold
         self._slots = asyncio.Semaphore(limit)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -409,6 +413,9 @@ class EventPoster:
         return len(self._tasks)
 
     async def _send(self, involved: Body, event_type: str, reason: str, message: str) -> None:
+        deadline = time.monotonic() + HOLD_MAX
+        while self._hold() and time.monotonic() < deadline:
+            await asyncio.sleep(HOLD_RECHECK)
         async with self._slots:
             try:
                 await self._post(involved, event_type, reason, message)

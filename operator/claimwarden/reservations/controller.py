@@ -36,10 +36,11 @@ from ..podclaims import (
     pod_uid,
     reserved_for,
 )
-from ..workqueue import WorkQueue
+from ..workqueue import Requeue, WorkQueue
 from . import plan
 
 log = logging.getLogger("claimwarden.reservations")
+HELD_RECHECK = 1.0  # seconds before a release that was held is looked at again
 
 NAME = "reservations"
 NEAR_LIMIT_REASON = "ReservationsNearLimit"
@@ -78,9 +79,11 @@ def _stale(exc: ApiError) -> bool:
 
 class ReservationsController:
     def __init__(self, cache: Cache, kube: Kube, quarantined: Callable[[Body], bool] | None = None,
-                 podgroup_version: str | None = None) -> None:
+                 podgroup_version: str | None = None, *, held: Callable[[Body], bool] | None = None) -> None:
+        """`held(claim)`: the claim's release should wait a moment (health's eviction wave, health/wave.py)."""
         self.cache = cache
         self.kube = kube
+        self._held = held or (lambda _claim: False)
         # The served PodGroup version, or None where the cluster serves no PodGroups (their entries are kept).
         self.podgroup_version = podgroup_version
         self._quarantined = quarantined or (lambda _claim: False)
@@ -104,6 +107,8 @@ class ReservationsController:
         await self._note_limit(cached, claim_plan)
         if not _destructive(claim_plan):
             return
+        if self._held(cached):
+            raise Requeue(HELD_RECHECK, "held")
         try:
             await self._apply(cached, claim_plan)
             return
