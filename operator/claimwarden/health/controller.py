@@ -405,7 +405,7 @@ class HealthController:
                 wait = HOLD_RECHECK  # evictions go first (wave.py)
             # A new set of quarantine claims goes out at once: a restart plans from status.deviceHolders and
             # status.quarantineClaims, and a stale pair would make it replace a quarantine claim for nothing.
-            if wait > 0 and status.get("quarantineClaims") == quarantine:  # paced: it comes back and writes then
+            if wait > 0 and (status.get("quarantineClaims") or []) == quarantine:  # paced: comes back and writes
                 self.record_queue.add_after(name, wait)
                 return
             result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,

@@ -185,7 +185,14 @@ class ReservationsController:
         keep_allocation = claim_plan.deallocate and controlling_pod_ref(claim) is not None and self._quarantined(claim)
         if keep_allocation:
             claim_plan = replace(claim_plan, deallocate=False)
-        if claim_plan.drop or (claim_plan.deallocate and status.get("allocation")):
+        # Such a claim goes (the garbage collector deletes it, or claimwarden does below): its reservations
+        # go with it, and only its finalizer needs a write. It holds the device until it is gone, as above.
+        going = keep_allocation and not claim_plan.keep and claim_plan.remove_finalizer
+        if going:
+            metrics.RESERVATIONS_REMOVED.inc(len(claim_plan.drop))
+            log.info("claim %s/%s: on a quarantined device, released with its reservations and allocation",
+                     namespace, name)
+        elif claim_plan.drop or (claim_plan.deallocate and status.get("allocation")):
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                           "value": meta["resourceVersion"]}]
             if claim_plan.drop:
