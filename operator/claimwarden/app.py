@@ -222,8 +222,10 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
     if runtime.reservations:
         releasing = pod_may_release(pod, deleted=deleted)
         for claim_name in pod_claim_names(pod):
-            if releasing or reserved_for_predecessor(runtime.cache.claim(namespace, claim_name), name, uid):
-                runtime.reservations.enqueue_claim(namespace, claim_name)
+            claim = runtime.cache.claim(namespace, claim_name)
+            if releasing or reserved_for_predecessor(claim, name, uid):
+                shared = len(((claim or {}).get("status") or {}).get("reservedFor") or []) > 1
+                runtime.reservations.enqueue_claim(namespace, claim_name, gather=shared)
         if releasing:
             for claim in runtime.cache.claims_owned_by(namespace, uid):
                 runtime.reservations.enqueue_claim(namespace, claim["metadata"]["name"])
