@@ -13,19 +13,19 @@ def _plan(**kwargs: object) -> RecordPlan:
 
 
 def test_the_first_status_waits_while_the_pods_are_evicted_and_their_claims_let_go() -> None:
-    assert _settling(_plan(pending=1), evicting_now=True, paused=False, blocked=False)
-    assert _settling(_plan(pending=0), evicting_now=False, paused=False, blocked=False)  # evicted, releasing
+    assert _settling(_plan(pending=1), evicting_now=True, held_back=False)
+    assert _settling(_plan(pending=0), evicting_now=False, held_back=False)  # evicted, releasing
 
 
 def test_the_first_status_goes_out_at_once_when_nothing_is_changing_hands_soon() -> None:
     # Evictions held back by a PodDisruptionBudget or the breaker: the status says so now.
-    assert not _settling(_plan(pending=1), evicting_now=True, paused=False, blocked=True)
-    assert not _settling(_plan(pending=1), evicting_now=True, paused=True, blocked=False)
+    assert not _settling(_plan(pending=1), evicting_now=True, held_back=True)
+    assert not _settling(_plan(pending=1), evicting_now=True, held_back=True)
     # Evictions due later (a drain deadline, tolerationSeconds) or never (AllowCompletion).
-    assert not _settling(_plan(pending=1), evicting_now=False, paused=False, blocked=False)
+    assert not _settling(_plan(pending=1), evicting_now=False, held_back=False)
     # Nothing to quarantine, or nothing holding the device.
-    assert not _settling(RecordPlan(), evicting_now=True, paused=False, blocked=False)
-    assert not _settling(RecordPlan(quarantine_needed=True), evicting_now=False, paused=False, blocked=False)
+    assert not _settling(RecordPlan(), evicting_now=True, held_back=False)
+    assert not _settling(RecordPlan(quarantine_needed=True), evicting_now=False, held_back=False)
 
 
 def test_the_quarantined_condition_names_what_holds_the_device() -> None:

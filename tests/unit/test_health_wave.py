@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from claimwarden.health.wave import Wave
 
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from .test_health_budget import Clock
 
 
 def test_bookkeeping_waits_while_evictions_run_and_goes_once_they_stop() -> None:
     busy = [True]
-    clock = _Clock()
+    clock = Clock()
     wave = Wave(lambda: busy[0], hold_max=30.0, clock=clock)
     assert wave.holds(("status", "r"))
     clock.now += 10
@@ -25,7 +19,7 @@ def test_bookkeeping_waits_while_evictions_run_and_goes_once_they_stop() -> None
 
 
 def test_a_wave_that_never_ends_holds_each_key_at_most_hold_max() -> None:
-    clock = _Clock()
+    clock = Clock()
     wave = Wave(lambda: True, hold_max=30.0, clock=clock)
     assert wave.holds("a")
     clock.now += 20

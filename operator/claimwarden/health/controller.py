@@ -321,13 +321,15 @@ class HealthController:
                                                 held=bool(record_plan.exclusive_holders), released=bool(released))
         memory.holders = holders
         # The rule waits for evictions under way, not for ones held back, and not for long.
-        defer_rule = evicting_now and not self.evictions.blocked(name) and \
+        blocked = self.evictions.blocked(name)
+        defer_rule = evicting_now and not blocked and \
             (moment - marked_at).total_seconds() < RULE_DEFER_MAX
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
+        held_back = bool(paused) or blocked
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
-                                 settle=_settling(record_plan, evicting_now=evicting_now, paused=bool(paused),
-                                                  blocked=self.evictions.blocked(name)))
+                                 held_back=held_back,
+                                 settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -352,7 +354,7 @@ class HealthController:
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
                             quarantine: list[str], rule: str, *, paused: str, approved: str | None,
-                            settle: bool = False) -> None:
+                            held_back: bool = False, settle: bool = False) -> None:
         """Write the record's status when it changed, paced (counts.py). With `settle` (``_settling``) the
         first write waits until the claims holding the device have let go, for at most FIRST_WRITE_SETTLE
         seconds, so that one write carries the evictions and the quarantine claim rather than one each."""
@@ -401,7 +403,7 @@ class HealthController:
         }
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
-            if wait <= 0 and not paused and not self.evictions.blocked(name) and self.wave.holds(("status", name)):
+            if wait <= 0 and not held_back and self.wave.holds(("status", name)):
                 wait = HOLD_RECHECK  # evictions go first (wave.py)
             # A new set of quarantine claims goes out at once: a restart plans from status.deviceHolders and
             # status.quarantineClaims, and a stale pair would make it replace a quarantine claim for nothing.
@@ -456,11 +458,12 @@ def _evicting(pending: int, evicted: int, drain: records.Drain,
     return "True", "PodsPendingEviction", f"{pending} pod(s) still to evict"
 
 
-def _settling(record_plan: plan.RecordPlan, *, evicting_now: bool, paused: bool, blocked: bool) -> bool:
+def _settling(record_plan: plan.RecordPlan, *, evicting_now: bool, held_back: bool) -> bool:
     """True while the record's device is changing hands: claims the scheduler counts still hold a device to
     be quarantined, and its pods are being evicted now or have all been evicted (or need not be), with
-    nothing holding the evictions back. Its first status then waits for them to let go."""
-    if not record_plan.quarantine_needed or not record_plan.exclusive_holders or paused or blocked:
+    nothing (the breaker, a PodDisruptionBudget) holding the evictions back. Its first status then waits
+    for them to let go."""
+    if not record_plan.quarantine_needed or not record_plan.exclusive_holders or held_back:
         return False
     return evicting_now or record_plan.pending == 0
 

@@ -409,9 +409,6 @@ class EventPoster:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     async def _send(self, involved: Body, event_type: str, reason: str, message: str) -> None:
         deadline = time.monotonic() + HOLD_MAX
         while self._hold() and time.monotonic() < deadline:

@@ -323,15 +323,7 @@ class Kube:
 
     async def list_uids(self, api: str, plural: str, page: int = 500) -> set[str]:
         """The UIDs of every object of a kind, from metadata-only pages (cheap even at 10,000 pods)."""
-        uids: set[str] = set()
-        query: dict[str, Any] = {"limit": page}
-        while True:
-            listing = await self._must("GET", f"{api}/{plural}", query=query, accept=METADATA_LIST)
-            uids.update(str((item.get("metadata") or {}).get("uid")) for item in listing.get("items") or [])
-            token = (listing.get("metadata") or {}).get("continue")
-            if not token:
-                return uids
-            query = {"limit": page, "continue": token}
+        return {str(meta.get("uid")) for meta in await self.list_metadata(api, plural, page)}
 
     async def list_metadata(self, api: str, plural: str, page: int = 500) -> list[Body]:
         """Every object of a kind (in every namespace) as its metadata alone, from metadata-only pages."""
