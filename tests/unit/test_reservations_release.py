@@ -233,3 +233,29 @@ def test_deleted_pods_are_remembered_up_to_the_limit_oldest_forgotten_first() ->
         deleted.add(uid)
     assert "a" in deleted and "c" in deleted and "b" not in deleted and "" not in deleted
     assert len(deleted) == 2
+
+
+def test_a_claim_released_a_moment_ago_waits_before_its_next_release() -> None:
+    """Each write's echo queues the claim again at once: the next release of a shared claim waits out
+    RELEASE_SPACING, so pods leaving one by one cost a write per second, not one per round trip."""
+    from claimwarden.reservations import controller as module
+    from claimwarden.workqueue import Requeue
+
+    kube = FakeKube()
+    shared = claim(reserved=[reservation("uid-1", "p"), reservation("uid-2", "q"), reservation("uid-3", "r")],
+                   generated=False)
+    reservations = controller(kube, cached_claim=shared,
+                              cached_pods=[pod("uid-2", name="q"), pod("uid-3", name="r")])
+
+    async def twice() -> float:
+        reservations.note_deleted_pod("uid-1")
+        await reservations.reconcile((NS, "c"))
+        reservations.cache = controller(kube, cached_claim=shared, cached_pods=[pod("uid-3", name="r")]).cache
+        reservations.note_deleted_pod("uid-2")
+        with pytest.raises(Requeue) as again:
+            await reservations.reconcile((NS, "c"))
+        return again.value.delay
+
+    delay = asyncio.run(twice())
+    assert 0 < delay <= module.RELEASE_SPACING
+    assert [call for call, _ in kube.writes()] == ["patch_claim_status"]

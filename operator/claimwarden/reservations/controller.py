@@ -17,6 +17,7 @@ writes, as upstream's resourceclaim controller does:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -42,6 +43,10 @@ from . import plan
 log = logging.getLogger("claimwarden.reservations")
 HELD_RECHECK = 1.0  # seconds before a release that was held is looked at again
 RELEASE_GATHER = 1.0  # seconds a shared claim's release waits for more of its pods to go
+RELEASE_SPACING = 1.0
+"""Seconds at least between two releases of one claim. Every write's echo (and the scheduler's updates)
+queues the claim at once, so without it a claim whose 256 pods go over some seconds is patched once per
+round trip (41 writes measured on a loaded machine), not once per second."""
 
 NAME = "reservations"
 NEAR_LIMIT_REASON = "ReservationsNearLimit"
@@ -91,6 +96,7 @@ class ReservationsController:
         self.queue = WorkQueue(NAME)
         self._warned_near_limit: set[str] = set()
         self.deleted_pods = DeletedPods()
+        self._last_release: dict[tuple[str, str], float] = {}
 
     def enqueue_claim(self, namespace: str, name: str, *, gather: bool = False) -> None:
         """`gather`: a pod of a shared claim let go; pods leaving within RELEASE_GATHER seconds of it are
@@ -115,8 +121,12 @@ class ReservationsController:
             return
         if self._held(cached):
             raise Requeue(HELD_RECHECK, "held")
+        wait = self._release_spacing_left((namespace, name)) if claim_plan.drop else 0.0
+        if wait > 0:
+            raise Requeue(wait, "gathering releases")
         try:
             await self._apply(cached, claim_plan)
+            self._released((namespace, name), claim_plan)
             return
         except ApiError as exc:
             if not _stale(exc):
@@ -128,6 +138,19 @@ class ReservationsController:
         claim_plan = await self._plan(fresh)
         if _destructive(claim_plan):
             await self._apply(fresh, claim_plan)
+            self._released((namespace, name), claim_plan)
+
+    def _release_spacing_left(self, key: tuple[str, str]) -> float:
+        last = self._last_release.get(key)
+        return 0.0 if last is None else last + RELEASE_SPACING - asyncio.get_running_loop().time()
+
+    def _released(self, key: tuple[str, str], claim_plan: plan.ClaimPlan) -> None:
+        if not claim_plan.drop:
+            return
+        now = asyncio.get_running_loop().time()
+        if len(self._last_release) >= DELETED_PODS_REMEMBERED:
+            self._last_release = {k: t for k, t in self._last_release.items() if now - t < RELEASE_SPACING}
+        self._last_release[key] = now
 
     async def _plan(self, claim: Body) -> plan.ClaimPlan:
         """The plan from the pod views (`_pod_view`) and the cached PodGroups; a plan that would drop a
