@@ -265,6 +265,9 @@ class Cache:
                 found.append(record)
         return found
 
+    def record_count(self) -> int:
+        return sum(1 for _ in self._records)
+
     def records(self) -> list[Body]:
         return [record for name in list(self._records) if (record := self.record(str(name))) is not None]
 

@@ -84,6 +84,9 @@ class _Records:
     def record(self, name: str) -> dict[str, Any] | None:
         return self.bodies.get(name)
 
+    def record_count(self) -> int:
+        return len(self.bodies)
+
 
 class _Kube:
     def __init__(self, versions: dict[str, str], *, fail: bool = False) -> None:
@@ -100,7 +103,9 @@ class _Kube:
 
     async def get_cluster_object(self, api: str, plural: str, name: str) -> dict[str, Any] | None:
         self.gets.append(name)
-        return {"metadata": {"name": name, "resourceVersion": self.versions.get(name, "")}}
+        if name not in self.versions:
+            return None
+        return {"metadata": {"name": name, "resourceVersion": self.versions[name]}, "spec": {}}
 
 
 def _evictions(kube: _Kube, cache: _Records) -> Evictions:
@@ -138,4 +143,60 @@ def test_a_lone_eviction_reads_its_record_by_name() -> None:
         evictions = _evictions(kube, _Records("a"))
         assert (await evictions._read_record("a", shared=False)) is not None
         assert (kube.lists, kube.gets) == (0, ["a"])
+    asyncio.run(run())
+
+
+class _SlowWrites(_Kube):
+    """Each status write takes `seconds`; counts the writes under way at once."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__({})
+        self.seconds = seconds
+        self.at_once = self.most_at_once = self.done = 0
+
+    async def merge_patch_cluster_object(self, *_: Any, **__: Any) -> dict[str, Any]:
+        self.at_once += 1
+        self.most_at_once = max(self.most_at_once, self.at_once)
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            self.at_once -= 1
+        self.done += 1
+        return {}
+
+
+def test_the_counts_flushed_at_shutdown_are_written_several_at_once_and_give_up_in_time() -> None:
+    """A pod has 30 s to stop: 5,000 records' counts written one by one took longer (make bench, 5,000 pods)."""
+    from claimwarden.health import evictions as module
+
+    async def run() -> tuple[_SlowWrites, float]:
+        kube = _SlowWrites(0.05)
+        evictions = _evictions(kube, _Records())
+        for i in range(100):
+            name = f"r{i}"
+            evictions._evicted[name] = 1
+            evictions.counts.changed(name, 0.0)
+        started = asyncio.get_running_loop().time()
+        await evictions.flush_counts(timeout=0.3)
+        return kube, asyncio.get_running_loop().time() - started
+
+    kube, took = asyncio.run(run())
+    assert kube.most_at_once == module.FLUSH_WRITERS
+    assert took < 0.6, "gave up after its timeout"
+    assert 0 < kube.done < 100
+
+
+def test_a_few_evictions_among_many_records_read_theirs_by_name_not_every_record() -> None:
+    """At 5,000 records a LIST shared by a few evictions read 5,000 items for each few (make bench)."""
+    from claimwarden.health.evictions import RECORD_LIST_ITEMS_PER_GET
+
+    async def run() -> None:
+        many = [f"r{i}" for i in range(3 * RECORD_LIST_ITEMS_PER_GET + 1)]
+        kube = _Kube({"r0": "1", "r1": "2"})  # r1 changed since it was cached; r2 is gone
+        evictions = _evictions(kube, _Records(*many))
+        r0, r1, r2 = await asyncio.gather(*(evictions._read_record(n, shared=True) for n in ("r0", "r1", "r2")))
+        assert kube.lists == 0 and sorted(kube.gets) == ["r0", "r1", "r2"], "one GET each, none twice"
+        assert r0 is evictions.cache.record("r0")  # type: ignore[union-attr]
+        assert r1 is not None and r1["metadata"]["resourceVersion"] == "2"
+        assert r2 is None
     asyncio.run(run())

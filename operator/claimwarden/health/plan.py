@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -198,7 +199,7 @@ def is_evictable(pod: dict[str, Any] | None, uid: str) -> bool:
 
 
 def affected_pods(
-    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], evicted: frozenset[str] = frozenset(),
+    claim: dict[str, Any], pods: Mapping[tuple[str, str], dict[str, Any]], evicted: AbstractSet[str] = frozenset(),
     podgroup_members: GroupMembers | None = None,
 ) -> list[tuple[str, str, str]]:
     """(namespace, name, uid) of the evictable pods the claim is reserved for and that use it; pods whose
@@ -240,7 +241,7 @@ def plan_record(
     namespace: str,
     *,
     server_copies_tolerations: bool = False,
-    evicted: frozenset[str] = frozenset(),
+    evicted: AbstractSet[str] = frozenset(),
     podgroup_members: GroupMembers | None = None,
 ) -> RecordPlan:
     """Decide which pods the record evicts and when, and whether its device needs a quarantine claim.
