@@ -144,3 +144,22 @@ def test_the_holders_own_renewal_counts_from_before_its_read() -> None:
     assert holder.holds_lease()
     clock.now = 115.0
     assert not holder.holds_lease()
+
+
+def test_the_leader_sends_writes_only_within_the_renew_deadline_of_its_last_renewal() -> None:
+    """The rest of the lease (15 - 10 s) is left for a write already on its way; a standby gets no time."""
+    clock = Clock(100.0)
+    server = LeaseServer()
+    holder, _ = _candidate("holder", server, clock)
+    standby, _ = _candidate("standby", server, clock)
+
+    async def scenario() -> None:
+        assert await holder._try()
+        holder.leading = True
+        assert not await standby._try()
+
+    asyncio.run(scenario())
+    clock.now = 104.0
+    assert holder.write_time_left() == pytest.approx(6.0) and standby.write_time_left() <= 0
+    clock.now = 110.0
+    assert holder.write_time_left() <= 0 and holder.holds_lease()

@@ -7,8 +7,15 @@ Fencing. The leader holds the lease until ``leaseDurationSeconds`` after the *st
 successful renewal, by its own clock (the safe side: the renewal took effect later). A standby dates
 a change of the Lease when its read *returns* (as client-go sets observedTime after its Get), so it
 never dates a renewal from before the renewal happened, and takes over no sooner than a lease
-duration after that. The two clocks need only agree in rate, not in setting. ``Kube`` asks
-``holds_lease`` before every write.
+duration after that. The two clocks need only agree in rate, not in setting.
+
+A write is not an instant, though: once sent it cannot be recalled, and it takes effect at the
+apiserver some time after it left. So the leader *sends* writes only within the renew deadline of
+its last renewal's start (`write_time_left`, which ``Kube`` asks right before each send and which
+caps the write's timeout). The rest of the lease, ``lease - renew deadline`` (5 s by default), is the
+time a write already on its way has to take effect before a standby may take over. A write that
+takes longer than that may still land after the new leader's first write: the README states this
+bound ("Two replicas, one leader").
 """
 
 from __future__ import annotations
@@ -82,6 +89,14 @@ class Elector:
         """True while this process leads and its last renewal is less than a lease duration old."""
         return (self.leading and self._renewed_at is not None
                 and self._clock() < self._renewed_at + self.settings.lease_seconds)
+
+    def write_time_left(self) -> float:
+        """Seconds in which this replica may still send a write: until the renew deadline after the start of
+        its last renewal, ``lease - renew deadline`` before its lease ends. 0 or less when it may not write
+        (a standby, or a leader that could not renew in time)."""
+        if not self.leading or self._renewed_at is None:
+            return 0.0
+        return self._renewed_at + self.settings.renew_deadline_seconds - self._clock()
 
     async def run(self) -> None:
         """Wait to lead, start the controllers, renew until shut down; on a lost lease call `on_lost`."""
