@@ -15,7 +15,7 @@ its last renewal's start (`write_time_left`, which ``Kube`` asks right before ea
 caps the write's timeout). The rest of the lease, ``lease - renew deadline`` (5 s by default), is the
 time a write already on its way has to take effect before a standby may take over. A write that
 takes longer than that may still land after the new leader's first write: the README states this
-bound ("Two replicas, one leader").
+bound ("Fencing, and its bound").
 """
 
 from __future__ import annotations
