@@ -163,7 +163,7 @@ class Kube:
         with `unfenced` (the lease itself).
         """
         fenced = method != "GET" and not unfenced
-        self._time_for(fenced, method, path)
+        self._time_for(fenced, method, path)  # a write refused now waits for nothing first
         if self._reload is not None and refresh_due(_utcnow(), self._loaded_at, self._expires_at):
             await self._refresh(self.api_client, "they expire soon")
         api_client = self.api_client
