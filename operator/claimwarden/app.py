@@ -405,7 +405,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                                         request_timeout=run_settings.request_timeout,
                                         user_agent=f"claimwarden/{__version__} ({identity})")
         runtime.elector = Elector(lease_kube, run_settings.election, on_started=runtime.lead, on_lost=lost_lease)
-        kube.may_write = runtime.elector.holds_lease
+        kube.fence = runtime.elector.write_time_left
         runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
 
     if "metrics" in run_settings.controllers:

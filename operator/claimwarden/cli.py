@@ -150,7 +150,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--leader-elect-lease-duration", type=_seconds, default=15.0, metavar="SECONDS",
                      help="how long standbys wait after the leader's last renewal (default: %(default)s)")
     run.add_argument("--leader-elect-renew-deadline", type=_seconds, default=10.0, metavar="SECONDS",
-                     help="how long the leader keeps trying to renew before it gives up (default: %(default)s)")
+                     help="how long the leader keeps trying to renew before it gives up; it sends writes only within "
+                          "this time after its last renewal, the rest of the lease is left for writes on their "
+                          "way (default: %(default)s)")
     run.add_argument("--leader-elect-retry-period", type=_seconds, default=2.0, metavar="SECONDS",
                      help="time between tries to acquire or renew (default: %(default)s)")
     run.add_argument("--breaker-max-fraction", type=_fraction, default=0.3,

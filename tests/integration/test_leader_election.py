@@ -1,4 +1,5 @@
-"""Two replicas, one leader: hand-overs on SIGKILL, SIGTERM and a frozen leader, and fencing.
+"""Two replicas, one leader: hand-overs on SIGKILL, SIGTERM and a frozen leader, and fencing (also of a
+leader whose writes arrive late over a slow link).
 
 The replicas are processes against the lab with the ServiceAccount's token (kwok runs no
 containers); each has its own identity (POD_NAME) and user agent, so the apiserver's audit log
@@ -7,6 +8,8 @@ tells which replica wrote what.
 
 from __future__ import annotations
 
+import datetime
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +20,11 @@ from kubernetes import client
 
 from claimwarden_lab.cluster import LabState
 
-from .auditor import LabAudit
+from .auditor import WRITE_VERBS, LabAudit
 from .conftest import service_account_kubeconfig
 from .helpers import pod_with_claims, template, wait_for
 from .operator import Operator
+from .slowlink import SlowLink
 
 LEASE = ("claimwarden-system", "claimwarden")
 TEMPLATE_CLAIM = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
@@ -133,3 +137,110 @@ def test_a_frozen_leader_writes_nothing_after_the_takeover_and_exits_non_zero(
     writers = _writers(audit.new_events())
     assert set(writers) <= {"claimwarden/0.1.0 (replica-b)"}, writers
     assert len(resource.list_namespaced_resource_claim(namespace).items) == 1
+
+
+# --- a leader whose writes arrive late ---------------------------------------------------------------
+
+# The leader sends writes only within the renew deadline of its last renewal; the rest of the lease is the
+# margin a write on its way has to arrive before a standby may take over. Here 15 - 5 = 10 s of margin.
+SLOW_RENEW_DEADLINE = 5
+# Slow enough that the leader cannot renew (a read and a write of the Lease, 2 x 8 s, plus the 2 s retry
+# period, exceed the 15 s lease), and less than the margin.
+LINK_DELAY = 8.0
+
+
+def _time(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def _writes_by(events: list[dict[str, Any]], identity: str) -> list[dict[str, Any]]:
+    """The completed writes (any answer) a replica made to anything but the Lease, in order of arrival."""
+    agent = f"claimwarden/0.1.0 ({identity})"
+    found = [e for e in events if e.get("stage") == "ResponseComplete" and e.get("userAgent") == agent
+             and e.get("verb") in WRITE_VERBS and (e.get("objectRef") or {}).get("resource") != "leases"]
+    return sorted(found, key=lambda e: _time(e["requestReceivedTimestamp"]))
+
+
+def _renew_time(api: client.ApiClient) -> object:
+    return client.CoordinationV1Api(api).read_namespaced_lease(LEASE[1], LEASE[0]).spec.renew_time
+
+
+@pytest.mark.audit(expect_log=[r"lost the lease", r"reading the lease failed",
+                               r"(renew|take-over) of the lease failed"],
+                   reason="the slowed leader cannot renew, gives up and says so")
+def test_a_leader_whose_writes_arrive_late_writes_nothing_after_the_new_leaders_first_write(
+        api: client.ApiClient, namespace: str, lab: LabState, claimwarden: Operator, tmp_path: Path) -> None:
+    """The leader's link to the apiserver turns slow (8 s) right after it renewed the lease: it can no
+    longer renew, and every write it sends arrives 8 s later. The standby takes over and writes. The
+    apiserver's audit log must show every write of the old leader completed before the new leader's
+    first write arrived.
+
+    What is modelled: latency on the wire (lab/claimwarden_lab/forward.py). A write the old leader gave up
+    on still arrives, as TCP delivers what was sent before a close. The bound this checks is the margin
+    of `lease - renew deadline` (10 s here) against an 8 s delay; a longer delay is not covered (README,
+    "Fencing, and its bound"). Without that margin (c768dd7: writes until the lease ended, by the
+    leader's clock) 8 of the old leader's writes landed after the new leader's first."""
+    core = client.CoreV1Api(api)
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    settings = [f"--leader-elect-renew-deadline={SLOW_RENEW_DEADLINE}"]
+    direct = service_account_kubeconfig(lab)
+    with claimwarden.stopped(), SlowLink(lab, tmp_path) as link:
+        old = Operator(link.kubeconfig(direct), tmp_path / "slowed.log", settings, identity="replica-slowed")
+        new = Operator(direct, tmp_path / "standby.log", settings, identity="replica-standby")
+        stop = threading.Event()
+        created: list[str] = []
+
+        def keep_creating() -> None:
+            """A pod every 0.5 s: the leader of the moment always has claims to create."""
+            while not stop.wait(0.5):
+                name = f"p-{len(created)}"
+                core.create_namespaced_pod(namespace, body=pod_with_claims(name, TEMPLATE_CLAIM))
+                created.append(name)
+
+        creator = threading.Thread(target=keep_creating, daemon=True)
+        try:
+            old.start()
+            new.start(lead=False)
+            _generates_claims(api, namespace, "warm")
+            audit = LabAudit(lab)
+            creator.start()
+            time.sleep(3)
+            renewed = _renew_time(api)
+            wait_for("the leader to renew", lambda: _renew_time(api) != renewed, 10, interval=0.05)
+            link.delay(LINK_DELAY)
+            slowed = datetime.datetime.now(datetime.UTC)
+            began = time.monotonic()
+            wait_for("the standby to take over", new.leads, 60, interval=0.2)
+            takeover = time.monotonic() - began
+            time.sleep(5)  # the new leader writes
+            stop.set()
+            creator.join(10)
+            assert old.proc is not None
+            code = old.proc.wait(timeout=60)
+            time.sleep(LINK_DELAY + 3)  # everything the old leader sent has arrived
+            events = audit.new_events()
+        finally:
+            stop.set()
+            for replica in (old, new):
+                if replica.running:
+                    replica.stop()
+    assert code != 0, "a leader that lost its lease exits non-zero"
+    old_writes, new_writes = _writes_by(events, old.identity), _writes_by(events, new.identity)
+    assert new_writes, "the new leader wrote"
+    first_new = _time(new_writes[0]["requestReceivedTimestamp"])
+    late = [e for e in old_writes if _time(e["stageTimestamp"]) >= first_new]
+    delayed = slowed + datetime.timedelta(seconds=LINK_DELAY - 1)
+    on_the_wire = [e for e in old_writes if _time(e["requestReceivedTimestamp"]) > delayed]
+    last_old = max(_time(e["stageTimestamp"]) for e in old_writes)
+    print(f"slow link: takeover {takeover:.1f} s after the link slowed; the old leader's {len(on_the_wire)} "
+          f"writes sent over the slow link arrived {_seconds(on_the_wire, slowed)}; its last write completed "
+          f"{(first_new - last_old).total_seconds():.2f} s before the new leader's first write")
+    assert on_the_wire, "the old leader's writes went over the slow link (else this test tests nothing)"
+    assert not late, (f"{len(late)} writes of the old leader completed after the new leader's first write "
+                      f"({first_new}): " + "; ".join(f"{e['verb']} {e['requestURI']} received "
+                                                    f"{e['requestReceivedTimestamp']}" for e in late))
+
+
+def _seconds(events: list[dict[str, Any]], since: datetime.datetime) -> str:
+    arrivals = [(_time(e["requestReceivedTimestamp"]) - since).total_seconds() for e in events]
+    return f"{min(arrivals):.1f}-{max(arrivals):.1f} s after" if arrivals else "never"

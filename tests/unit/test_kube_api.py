@@ -1,4 +1,4 @@
-"""The API adapter's own guarantees: a bounded time per request, and when credentials are reloaded."""
+"""The API adapter's own guarantees: a bounded time per request, when credentials are reloaded, and the fence."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kubernetes.aio import client as aio
 
 from claimwarden.kube.api import Kube, TokenBucket, refresh_due
-from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable
+from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
 from claimwarden.workqueue import WorkQueue, run_workers
 
 
@@ -150,7 +150,7 @@ def test_requests_of_a_limited_client_are_spaced_by_the_budget() -> None:
     async def scenario() -> None:
         kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), qps=20, burst=2)
 
-        async def record(*_: object) -> dict[str, str]:
+        async def record(*_: object, **__: object) -> dict[str, str]:
             sent.append(time.monotonic())
             return {}
 
@@ -223,3 +223,131 @@ def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_ans
     assert get["method"] == "GET" and get["body"] is None and get["type"] is None
     assert delete["body"] == {"preconditions": {"uid": "uid-1"}}
     assert listing["query"] == {"limit": "500"} and "PartialObjectMetadataList" in str(listing["accept"])
+
+
+# --- the fence: asked right before each send, and a write gets no more time than it has left ----------
+
+class Fence:
+    """The leader's fence as Kube sees it: seconds left to send writes, shut by the test at will."""
+
+    def __init__(self, seconds: float = 10.0) -> None:
+        self.seconds = seconds
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def _recording(kube: Kube, sent: list[tuple[str, float]], answers: list[BaseException] | None = None) -> None:
+    """Replace the wire: record (method, timeout) of each send; raise the next of `answers`, if any."""
+    async def send(_: object, method: str, *__: object, timeout: float) -> dict[str, str]:
+        sent.append((method, timeout))
+        if answers:
+            raise answers.pop(0)
+        return {}
+
+    kube._send = send  # type: ignore[method-assign]
+
+
+def test_a_write_that_waited_in_the_budget_until_the_fence_shut_is_not_sent() -> None:
+    sent: list[tuple[str, float]] = []
+
+    async def scenario() -> list[object]:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), qps=5, burst=1)
+        kube.fence = fence = Fence()
+        _recording(kube, sent)
+
+        async def shut() -> None:
+            await asyncio.sleep(0.05)  # while the second write waits for its token (0.2 s)
+            fence.seconds = 0
+
+        results = await asyncio.gather(kube.request("POST", "/a", {}), kube.request("POST", "/b", {}), shut(),
+                                       return_exceptions=True)
+        await kube.close()
+        return results
+
+    first, second, _ = asyncio.run(scenario())
+    assert first == {} and isinstance(second, NotLeader)
+    assert [method for method, _ in sent] == ["POST"]
+
+
+def test_a_credentials_reload_that_outlasts_the_fence_sends_nothing() -> None:
+    sent: list[tuple[str, float]] = []
+    fence = Fence()
+
+    async def reload() -> tuple[aio.Configuration, None]:
+        fence.seconds = 0  # an exec plugin that took longer than the lease had left
+        return aio.Configuration(host="http://127.0.0.1:9"), None
+
+    async def scenario() -> None:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), reload=reload,
+                    expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        kube.fence = fence
+        _recording(kube, sent)
+        try:
+            with pytest.raises(NotLeader):
+                await kube.request("PATCH", "/claims/c-1", [])
+        finally:
+            await kube.close()
+
+    asyncio.run(scenario())
+    assert sent == []
+
+
+def test_the_retry_after_a_401_asks_the_fence_again() -> None:
+    sent: list[tuple[str, float]] = []
+    fence = Fence()
+
+    async def reload() -> tuple[aio.Configuration, None]:
+        fence.seconds = 0
+        return aio.Configuration(host="http://127.0.0.1:9"), None
+
+    async def scenario() -> None:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), reload=reload)
+        kube.fence = fence
+        _recording(kube, sent, [ApiError(401, "Unauthorized", "token expired")])
+        try:
+            with pytest.raises(NotLeader):
+                await kube.request("DELETE", "/claims/c-1", {})
+        finally:
+            await kube.close()
+
+    asyncio.run(scenario())
+    assert [method for method, _ in sent] == ["DELETE"]
+
+
+def test_a_write_gets_no_more_time_than_the_fence_has_left_reads_and_the_lease_get_the_full_timeout() -> None:
+    sent: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), request_timeout=30)
+        kube.fence = Fence(4.5)
+        _recording(kube, sent)
+        await kube.request("POST", "/a", {})
+        await kube.request("GET", "/a")
+        await kube.request("PUT", "/lease", {}, unfenced=True)
+        kube.fence = Fence(0)
+        await kube.request("GET", "/a")
+        await kube.request("PUT", "/lease", {}, unfenced=True)
+        with pytest.raises(NotLeader):
+            await kube.request("POST", "/a", {})
+        await kube.close()
+
+    asyncio.run(scenario())
+    assert sent == [("POST", 4.5), ("GET", 30), ("PUT", 30), ("GET", 30), ("PUT", 30)]
+
+
+def test_a_write_without_an_answer_gives_up_when_the_fence_would_shut() -> None:
+    async def scenario() -> None:
+        server, port = await _silent_peer()
+        kube = _kube(port, 30)
+        kube.fence = Fence(0.31234)  # the time left is rarely round: say it in 3 digits
+        began = time.monotonic()
+        try:
+            with pytest.raises(ApiTimeout, match=r"no answer within 0\.312 s"):
+                await kube.evict_pod("default", "web-0", "uid-1")
+        finally:
+            await kube.close()
+            server.close()
+        assert time.monotonic() - began < 2
+
+    asyncio.run(scenario())

@@ -6,6 +6,12 @@ handlers), so the planning functions never see client models.
 Every request has a total timeout (`REQUEST_TIMEOUT` unless told otherwise): a request that gets
 no complete answer in time raises `ApiTimeout`, an `ApiError` the work queues retry with back-off.
 
+Writes are fenced: with leader election, `Kube.fence` says how many seconds this replica may still
+send writes (leader/elector.py explains the margin it keeps). A write may wait before it is sent (the
+client-side budget, a credentials reload, the 401 retry, a pooled connection), so the fence is asked
+again right before each send, and the write gets no more time than the fence has left: a write not
+sent by then is not sent at all (`NotLeader`, or `ApiTimeout` while waiting for a connection).
+
 Credentials expire: exec plugins hand out short-lived tokens, bound ServiceAccount tokens die
 with their object, and in a pod the kubelet rotates the token file. ``kubernetes.aio`` re-reads
 the in-cluster token file every minute but never re-runs an exec plugin, so `Kube` reloads the
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import math
 import time
 import urllib.parse
 import urllib.request
@@ -109,8 +116,9 @@ class Kube:
         self.request_timeout = request_timeout
         self.user_agent = user_agent
         api_client.user_agent = user_agent
-        # Asked before every write but the leader election's own: False stops the write (NotLeader).
-        self.may_write: Callable[[], bool] = lambda: True
+        # Seconds this replica may still send writes (the leader's fence; the leader election's own writes
+        # are not fenced). Asked right before each send: 0 or less refuses the write (NotLeader).
+        self.fence: Callable[[], float] = lambda: math.inf
         self._reload = reload  # None in unit tests: the credentials are then never reloaded
         self._loaded_at = _utcnow()
         self._expires_at = expires_at
@@ -151,23 +159,36 @@ class Kube:
                       accept: str = "application/json", unfenced: bool = False) -> Body | None:
         """One raw request; bodies stay dicts so no field is lost to a client model.
 
-        Every write first asks `may_write` (the leader's fence), except with `unfenced` (the lease itself).
+        Every write asks the `fence` before it waits for anything and again right before each send, except
+        with `unfenced` (the lease itself).
         """
-        if method != "GET" and not unfenced and not self.may_write():
-            raise NotLeader(method, path)
+        fenced = method != "GET" and not unfenced
+        self._time_for(fenced, method, path)  # a write refused now waits for nothing first
         if self._reload is not None and refresh_due(_utcnow(), self._loaded_at, self._expires_at):
             await self._refresh(self.api_client, "they expire soon")
         api_client = self.api_client
         await self._spend()
         try:
-            return await self._send(api_client, method, path, body, query, content_type, allow_missing, accept)
+            return await self._send(api_client, method, path, body, query, content_type, allow_missing, accept,
+                                    timeout=self._time_for(fenced, method, path))
         except ApiError as exc:
             if exc.status != 401 or self._reload is None:
                 raise
         # The token was revoked or expired early (e.g. its bound object was deleted): reload once, retry once.
         await self._refresh(api_client, f"{method} {path} was refused with 401 Unauthorized")
         await self._spend()
-        return await self._send(self.api_client, method, path, body, query, content_type, allow_missing, accept)
+        return await self._send(self.api_client, method, path, body, query, content_type, allow_missing, accept,
+                                timeout=self._time_for(fenced, method, path))
+
+    def _time_for(self, fenced: bool, method: str, path: str) -> float:
+        """The time a request sent now may take: the request timeout, and for a write no longer than the fence
+        still holds; NotLeader when it holds no more."""
+        if not fenced:
+            return self.request_timeout
+        left = self.fence()
+        if left <= 0:
+            raise NotLeader(method, path)
+        return min(self.request_timeout, left)
 
     async def _spend(self) -> None:
         """Wait for the client-side budget (--kube-api-qps), if there is one."""
@@ -178,7 +199,7 @@ class Kube:
 
     async def _send(self, api_client: aio.ApiClient, method: str, path: str, body: Any,
                     query: dict[str, Any] | None, content_type: str, allow_missing: bool,
-                    accept: str) -> Body | None:
+                    accept: str, *, timeout: float) -> Body | None:
         """One request on kubernetes.aio's own session (its Configuration: host, TLS, client certificate,
         proxy) and credentials (its bearer token, which it re-reads in a pod), without its generic
         serialisation layers: bodies are plain dicts, so they go out and come back through orjson.
@@ -202,13 +223,13 @@ class Kube:
         if rest.proxy_headers:
             options["proxy_headers"] = rest.proxy_headers
         try:
-            async with asyncio.timeout(self.request_timeout):
+            async with asyncio.timeout(timeout):
                 if rest.pool_manager is None:
                     rest.pool_manager = rest._create_pool_manager()
                 async with rest.pool_manager.request(method, url, headers=headers, data=data, **options) as raw:
                     payload = await raw.read()
         except TimeoutError:
-            raise ApiTimeout(method, path, self.request_timeout) from None
+            raise ApiTimeout(method, path, timeout) from None
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS: the apiserver restarting, say
             raise ApiUnreachable(method, path, exc) from None
         if raw.status >= 400:

@@ -90,10 +90,11 @@ class ApiUnreachable(ApiError):
 
 
 class ApiTimeout(ApiError):
-    """No complete answer within the request timeout; retried like any other API error."""
+    """No complete answer within the request timeout (for a write, at most the time the fence had left);
+    retried like any other API error."""
 
     def __init__(self, method: str, path: str, timeout: float) -> None:
-        super().__init__(0, "Timeout", f"{method} {path}: no answer within {timeout:g} s")
+        super().__init__(0, "Timeout", f"{method} {path}: no answer within {timeout:.3g} s")
 
 
 def _seconds(value: Any) -> float | None:

@@ -3,11 +3,19 @@
 Only the leader runs the controllers; a standby keeps watching (its indices stay warm, so a
 takeover needs no re-list), serves liveness and metrics and reports ``claimwarden_leader 0``.
 
-Fencing: the leader may write only while it holds an unexpired lease by its own clock, i.e. less
-than ``leaseDurationSeconds`` after the start of its last successful renewal. Another candidate
-takes over no sooner than that after it last saw the lease change, so two leaders never write in
-the same instant as long as the clocks' rates agree (not their settings). ``Kube`` asks
-``holds_lease`` before every write.
+Fencing. The leader holds the lease until ``leaseDurationSeconds`` after the *start* of its last
+successful renewal, by its own clock (the safe side: the renewal took effect later). A standby dates
+a change of the Lease when its read *returns* (as client-go sets observedTime after its Get), so it
+never dates a renewal from before the renewal happened, and takes over no sooner than a lease
+duration after that. The two clocks need only agree in rate, not in setting.
+
+A write is not an instant, though: once sent it cannot be recalled, and it takes effect at the
+apiserver some time after it left. So the leader *sends* writes only within the renew deadline of
+its last renewal's start (`write_time_left`, which ``Kube`` asks right before each send and which
+caps the write's timeout). The rest of the lease, ``lease - renew deadline`` (5 s by default), is the
+time a write already on its way has to take effect before a standby may take over. A write that
+takes longer than that may still land after the new leader's first write: the README states this
+bound ("Fencing, and its bound").
 """
 
 from __future__ import annotations
@@ -66,11 +74,12 @@ def micro_time() -> str:
 
 class Elector:
     def __init__(self, kube: Kube, settings: ElectionSettings, *, on_started: Callable[[], Awaitable[None]],
-                 on_lost: Callable[[], None]) -> None:
+                 on_lost: Callable[[], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
         self.settings = settings
         self._on_started = on_started
         self._on_lost = on_lost
+        self._clock = clock  # a fake one in unit tests, to interleave two candidates' requests
         self._observed: plan.Observed | None = None
         self._lease: dict[str, Any] | None = None
         self._renewed_at: float | None = None  # monotonic start of the last successful write as holder
@@ -79,7 +88,15 @@ class Elector:
     def holds_lease(self) -> bool:
         """True while this process leads and its last renewal is less than a lease duration old."""
         return (self.leading and self._renewed_at is not None
-                and time.monotonic() < self._renewed_at + self.settings.lease_seconds)
+                and self._clock() < self._renewed_at + self.settings.lease_seconds)
+
+    def write_time_left(self) -> float:
+        """Seconds in which this replica may still send a write: until the renew deadline after the start of
+        its last renewal, ``lease - renew deadline`` before its lease ends. 0 or less when it may not write
+        (a standby, or a leader that could not renew in time)."""
+        if not self.leading or self._renewed_at is None:
+            return 0.0
+        return self._renewed_at + self.settings.renew_deadline_seconds - self._clock()
 
     async def run(self) -> None:
         """Wait to lead, start the controllers, renew until shut down; on a lost lease call `on_lost`."""
@@ -94,9 +111,9 @@ class Elector:
         await self._on_started()
         while True:
             await asyncio.sleep(self.settings.retry_seconds)
-            deadline = time.monotonic() + self.settings.renew_deadline_seconds
+            deadline = self._clock() + self.settings.renew_deadline_seconds
             while not await self._try():
-                if time.monotonic() >= deadline:
+                if self._clock() >= deadline:
                     self.leading = False
                     metrics.LEADER.set(0)
                     log.error("%s lost the lease (no renewal within %.0f s); exiting, to be restarted as a "
@@ -120,13 +137,15 @@ class Elector:
 
     async def _try(self) -> bool:
         """One round: read the lease and create, renew or take it over if the rules allow; True if held."""
-        started = time.monotonic()
+        started = self._clock()
         try:
             lease = await self.kube.request("GET", self._path(), allow_missing=True, unfenced=True)
         except ApiError as exc:  # unreachable and timed-out requests included: the next round tries again
             log.warning("reading the lease failed: %s", exc)
             return False
-        decision = plan.decide(lease, identity=self.settings.identity, observed=self._observed, now=started,
+        # What the read shows is dated when it returned: the holder may have renewed while it was on its way,
+        # and dating that renewal from `started` would let this candidate take over before the holder's lease ends.
+        decision = plan.decide(lease, identity=self.settings.identity, observed=self._observed, now=self._clock(),
                                wall_now=micro_time(), lease_seconds=self.settings.lease_seconds)
         self._observed = decision.observed
         if decision.action == plan.WAIT or decision.spec is None:

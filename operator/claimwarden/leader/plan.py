@@ -44,8 +44,11 @@ def decide(lease: dict[str, Any] | None, *, identity: str, observed: Observed | 
            wall_now: str, lease_seconds: int) -> Decision:
     """What to do with `lease` (None when it does not exist yet).
 
-    `now`: this process's monotonic clock; `wall_now`: the current time as an RFC 3339 micro time,
-    written into acquireTime/renewTime for people and tools reading the Lease.
+    `now`: when the read of `lease` returned, by this process's monotonic clock. A changed record is
+    dated then: a renewal seen in the answer may have happened at any time while the read was on its
+    way, and only its return is surely after it (client-go sets observedTime after its Get too).
+    `wall_now`: the current time as an RFC 3339 micro time, written into acquireTime/renewTime for
+    people and tools reading the Lease.
     """
     if lease is None:
         return Decision(CREATE, {"holderIdentity": identity, "leaseDurationSeconds": lease_seconds,
