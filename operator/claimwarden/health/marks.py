@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import cast
 
 from ..cache import Body, Cache
@@ -37,10 +37,13 @@ class Marks:
     async def reconcile(self, key: Hashable) -> None:
         name = cast(str, key)
         slice_ = self.cache.resource_slice(name)
-        if slice_ is None:
-            return
         existing = {r["metadata"]["name"]: r for r in self.cache.records()}
-        sync = records.plan_slice(slice_, existing)
+        if slice_ is None:
+            self._look_at_pools_of(name, existing.values())
+            return
+        pool_slices = self.cache.resource_slices_of_pool(str(slice_["spec"].get("driver") or ""),
+                                                         records.slice_pool(slice_))
+        sync = records.plan_slice(slice_, existing, pool_slices)
         for error in sync.errors:
             marker = (slice_["metadata"].get("uid", ""), error.key, error.message)
             if marker not in self._reported:
@@ -70,6 +73,20 @@ class Marks:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
                                                        {"spec": {"drain": drain}})
             log.info("slice %s: record %s drains with %s", name, record_name, drain)
+        for record_name, target in sync.relabel:
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name, {
+                "metadata": {"labels": {records.SLICE_LABEL: records.label_value(target)}}})
+            log.info("slice %s: record %s now follows the mark on slice %s", name, record_name, target)
         for record_name in sync.delete:
             await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
             log.info("slice %s: record %s cleared (annotation removed)", name, record_name)
+
+    def _look_at_pools_of(self, gone: str, existing: Iterable[Body]) -> None:
+        """A slice is gone: the other slices of its records' pools are looked at again, so that one still
+        carrying a mark takes its record over (records.follow_marks) before that mark is removed there."""
+        label = records.label_value(gone)
+        pools = {(ref.driver, ref.pool) for record in existing
+                 if records.slice_label(record) == label and (ref := records.record_ref(record)) is not None}
+        for driver, pool in sorted(pools):
+            for slice_ in self.cache.resource_slices_of_pool(driver, pool):
+                self.queue.add(records.slice_name(slice_))
