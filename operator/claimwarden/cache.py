@@ -111,6 +111,12 @@ def index_views(indices: Mapping[str, IndexLike]) -> dict[str, IndexLike]:
     return views
 
 
+def resource_version(obj: Body) -> int:
+    """The object's resourceVersion as a number (etcd's revision; 0 when it is not one)."""
+    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
+
+
 def _newest(values: Iterable[Body]) -> Body | None:
     """The most recently created of several objects sharing one name (see the module docstring)."""
     best: Body | None = None

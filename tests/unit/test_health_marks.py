@@ -21,7 +21,7 @@ class FakeKube:
 
     async def merge_patch_cluster_object(self, api: str, plural: str, name: str, body: Any, **_: Any) -> Any:
         self.calls.append(("patch", name, body))
-        return {}
+        return {"metadata": {"name": name, "resourceVersion": "11"}}
 
     async def delete_cluster_object(self, api: str, plural: str, name: str, **_: Any) -> None:
         self.calls.append(("delete", name, None))
@@ -40,12 +40,15 @@ def _slice(name: str, pool: str = "n0", annotations: dict[str, str] | None = Non
 
 def _record(slice_label: str) -> dict[str, Any]:
     return {"apiVersion": "claimwarden.io/v1alpha1", "kind": "UnhealthyDevice",
-            "metadata": {"name": record_name(REF), "uid": "r-uid", "labels": {SLICE_LABEL: slice_label}},
+            "metadata": {"name": record_name(REF), "uid": "r-uid", "resourceVersion": "10",
+                         "labels": {SLICE_LABEL: slice_label}},
             "spec": {"driver": DRIVER, "pool": "n0", "device": "gpu-0", "reason": "XID 79",
                      "source": SOURCE_ANNOTATION, "drain": "Immediate"}}
 
 
-def _marks(slices: list[dict[str, Any]], records: list[dict[str, Any]]) -> tuple[Marks, FakeKube]:
+def _marks(slices: list[dict[str, Any]], records: list[dict[str, Any]],
+           slice_index: dict[Any, list[Any]] | None = None) -> tuple[Marks, FakeKube]:
+    """`slice_index`, when given, is filled with the slices and read by the cache: a test may change it."""
     def indexed(results: list[dict[Any, Any]]) -> dict[Any, list[Any]]:
         index: dict[Any, list[Any]] = {}
         for result in results:
@@ -53,7 +56,8 @@ def _marks(slices: list[dict[str, Any]], records: list[dict[str, Any]]) -> tuple
                 index.setdefault(key, []).append(value)
         return index
 
-    slice_index = indexed([asyncio.run(app.slices_by_name(name=s["metadata"]["name"], body=s)) for s in slices])
+    slice_index = slice_index if slice_index is not None else {}
+    slice_index.update(indexed([asyncio.run(app.slices_by_name(name=s["metadata"]["name"], body=s)) for s in slices]))
     record_index = indexed([asyncio.run(app.device_records(name=r["metadata"]["name"], body=r)) for r in records])
     cache = Cache(index_views({"pods": {}, "claims": {}, "templates_by_name": {}, "slices_by_name": slice_index,
                                "device_records": record_index}))
@@ -87,3 +91,16 @@ def test_a_gone_slice_queues_the_other_slices_of_its_records_pools() -> None:
 
     assert asyncio.run(gone()) == ["n0-new"]
     assert kube.calls == []
+
+
+def test_a_mark_removed_before_the_cache_has_the_new_label_still_clears_the_record() -> None:
+    """The annotation's removal may be reconciled before the watch brings the relabelled record back."""
+    slices: dict[Any, list[Any]] = {}
+    marks, kube = _marks([_slice("n0-new", annotations={ANNOTATION_PREFIX + "gpu-0": "XID 79"})],
+                         [_record("n0-old")], slices)
+    asyncio.run(marks.reconcile("n0-new"))
+    assert [call[0] for call in kube.calls] == ["patch"]
+    unmarked = asyncio.run(app.slices_by_name(name="n0-new", body=_slice("n0-new")))
+    slices.update({key: [value] for key, value in unmarked.items()})
+    asyncio.run(marks.reconcile("n0-new"))  # the cache still has the record at resourceVersion 10, labelled n0-old
+    assert kube.calls[-1] == ("delete", record_name(REF), None)
