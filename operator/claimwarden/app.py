@@ -28,6 +28,7 @@ from .cache import (
     POD_BY_TEMPLATE,
     PODGROUP_BY_TEMPLATE,
     RECORD_BY_DEVICE,
+    SLICE_BY_POOL,
     Cache,
     index_views,
 )
@@ -176,7 +177,14 @@ async def templates_by_name(namespace: str | None, name: str, body: kopf.Body, *
 
 
 async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: projections.resource_slice(body)}
+    """name -> projection; ("pool", driver, pool) -> slice name: which slices publish this pool (two while a
+    driver re-creates its slice; a mark's record follows the one that carries the annotation)?"""
+    projection = projections.resource_slice(body)
+    spec = projection["spec"]
+    keys: dict[Any, Any] = {name: projection}
+    if spec.get("driver") and spec["pool"].get("name"):
+        keys[(SLICE_BY_POOL, spec["driver"], spec["pool"]["name"])] = name
+    return keys
 
 
 async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:

@@ -37,9 +37,11 @@ CLAIM_BY_RECORD = "record"
 CLAIM_BY_PODGROUP = "podgroup"
 PODGROUP_BY_TEMPLATE = "template"
 RECORD_BY_DEVICE = "device"
+SLICE_BY_POOL = "pool"
 
 # app.py's index of each kind, by its Kopf handler id.
 POD_INDEX, CLAIM_INDEX, PODGROUP_INDEX, RECORD_INDEX = "pods", "claims", "pod_groups", "device_records"
+SLICE_INDEX = "slices_by_name"
 
 
 class Primary:
@@ -99,11 +101,20 @@ def index_views(indices: Mapping[str, IndexLike]) -> dict[str, IndexLike]:
         podgroups = indices[PODGROUP_INDEX]
         views.update(podgroups_by_name=Primary(podgroups),
                      podgroups_by_template=Tagged(podgroups, PODGROUP_BY_TEMPLATE))
+    if SLICE_INDEX in indices:
+        slices = indices[SLICE_INDEX]
+        views.update(slices_by_name=Primary(slices, namespaced=False), slices_by_pool=Tagged(slices, SLICE_BY_POOL))
     if RECORD_INDEX in indices:
         records = indices[RECORD_INDEX]
         views.update(records_by_name=Primary(records, namespaced=False),
                      records_by_device=Tagged(records, RECORD_BY_DEVICE))
     return views
+
+
+def resource_version(obj: Body) -> int:
+    """The object's resourceVersion as a number (etcd's revision; 0 when it is not one)."""
+    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
 
 
 def _newest(values: Iterable[Body]) -> Body | None:
@@ -148,6 +159,7 @@ class Cache:
         # Only indexed when the health controller runs. (Not `or {}`: an index that is still empty
         # is falsy, and the live index must be kept.)
         self._slices: IndexLike = indices.get("slices_by_name", {})
+        self._slices_by_pool: IndexLike = indices.get("slices_by_pool", {})
         self._records: IndexLike = indices.get("records_by_name", {})
         self._records_by_device: IndexLike = indices.get("records_by_device", {})
         # Only indexed where the cluster serves PodGroups.
@@ -250,6 +262,16 @@ class Cache:
 
     def resource_slices(self) -> list[Body]:
         return _values(self._slices)
+
+    def resource_slices_of_pool(self, driver: str, pool: str) -> list[Body]:
+        """The slices that publish the driver's pool (usually one; two while a driver re-creates it)."""
+        found = []
+        for name in sorted(set(_all(self._slices_by_pool, (driver, pool)))):
+            slice_ = self.resource_slice(str(name))
+            spec = (slice_ or {}).get("spec") or {}
+            if slice_ is not None and (spec.get("driver"), (spec.get("pool") or {}).get("name")) == (driver, pool):
+                found.append(slice_)
+        return found
 
     def record(self, name: str) -> Body | None:
         found: Body | None = _one(self._records, name)

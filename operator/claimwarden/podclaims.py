@@ -220,6 +220,14 @@ def allocated_devices(claim: dict[str, Any]) -> list[DeviceKey]:
             for r in (allocation.get("devices") or {}).get("results") or []]
 
 
+def used_devices(claim: dict[str, Any]) -> list[DeviceKey]:
+    """The (driver, pool, device) of the claim's allocation results without admin access: the devices its
+    pods use as their own (an admin-access result shares a device with its users, for diagnostics)."""
+    allocation = status(claim).get("allocation") or {}
+    return [(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+            for r in (allocation.get("devices") or {}).get("results") or [] if not r.get("adminAccess")]
+
+
 def claim_source(claim: dict[str, Any]) -> str:
     """Where the claim came from: "extended_resource", "resource_claim_template" or "user"."""
     annotations = metadata(claim).get("annotations") or {}

@@ -282,3 +282,51 @@ def test_restart_between_marking_and_evicting_evicts_each_pod_exactly_once(
         for name in ("first", "second"):
             core.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
         unmark(api, pool, device)
+
+
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def _uuid_of(api: client.ApiClient, pool: str, device: str) -> str:
+    for slice_ in client.ResourceV1Api(api).list_resource_slice().items:
+        if slice_.spec.pool.name == pool:
+            for listed in slice_.spec.devices or []:
+                if listed.name == device:
+                    return str(listed.attributes["uuid"].string)
+    raise AssertionError(f"device {pool}/{device} is not published")
+
+
+def test_a_diagnostics_pod_with_admin_access_to_the_marked_device_is_not_evicted(
+        api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
+    """A pod that holds the device only through an admin-access allocation (`adminAccess: true`, in a namespace
+    labelled for it) is the one that looks at a broken device: the mark evicts the device's user, not it, and
+    the record lists it in status.adminAccessPods (code review finding 10: it was evicted too)."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    core.patch_namespace(namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
+    _start(api, namespace, "worker", claim="worker-gpu")
+    pool, device = device_of(api, namespace, "worker")
+    spec = gpu_claim_spec()
+    spec["devices"]["requests"][0]["exactly"].update({"adminAccess": True, "selectors": [{"cel": {
+        "expression": f'device.attributes["gpu.example.com"].uuid == "{_uuid_of(api, pool, device)}"'}}]})
+    resource.create_namespaced_resource_claim(namespace, body={"metadata": {"name": "diag-gpu"}, "spec": spec})
+    core.create_namespaced_pod(namespace, body=pod_with_claims("diag", [{"name": "gpu",
+                                                                         "resourceClaimName": "diag-gpu"}]))
+    wait_for("diag Running", lambda: _running(core, namespace, "diag"))
+    result = resource.read_namespaced_resource_claim("diag-gpu", namespace).status.allocation.devices.results[0]
+    assert (result.pool, result.device, result.admin_access) == (pool, device, True)
+    try:
+        mark(api, pool, device, "diagnose me")
+        wait_gone(api, namespace, "worker", 60)
+        wait_for("nothing left to evict", lambda: (
+            (record_for(api, pool, device) or {}).get("status", {}).get("podsPending") == 0), 30)
+        time.sleep(3)  # let a wrong eviction of diag happen if it would
+        left = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+        assert "diag" in left and left["diag"].metadata.deletion_timestamp is None, "the diagnostics pod was evicted"
+        assert not events(api, namespace, "diag", "EvictedUnhealthyDevice")
+        record = wait_for("the record lists the diagnostics pod", lambda: (
+            r if (r := record_for(api, pool, device) or {}).get("status", {}).get("adminAccessPods") else None), 30)
+        assert record["status"]["adminAccessPods"] == [f"{namespace}/diag"]
+        assert record["status"]["podsWouldEvict"] == 0
+    finally:
+        unmark(api, pool, device)
+        wait_for("the record cleared", lambda: record_for(api, pool, device) is None, 30)

@@ -1,5 +1,6 @@
 """Device health on paths the first tests never took: restarts while a device is marked, claims
-that users label as quarantine, and a pod bound after its claim was reserved on a marked device."""
+that users label as quarantine, a pod bound after its claim was reserved on a marked device, and a
+mark set again on a slice that its driver re-created under a new name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,19 @@ from kubernetes import client
 
 from claimwarden.health.records import RECORD_LABEL
 
-from .health_helpers import device_of, events, holders, mark, record_for, unmark, wait_gone
+from .health_helpers import (
+    PREFIX,
+    annotate,
+    delete_record,
+    device_of,
+    events,
+    holders,
+    mark,
+    record_for,
+    slice_of,
+    unmark,
+    wait_gone,
+)
 from .helpers import gpu_claim_spec, pod_with_claims, template, wait_for
 from .operator import Operator
 
@@ -110,4 +123,42 @@ def test_a_pod_bound_after_its_claim_was_reserved_on_a_marked_device_is_evicted_
         wait_gone(api, namespace, "late", 20)
     finally:
         unmark(api, pool, device)
+        wait_for("the quarantine released", lambda: not _quarantine_claims(api, pool, device), 30)
+
+
+def _recreate_slice(api: client.ApiClient, name: str) -> str:
+    """Delete the slice and publish the same devices again under a new name, as a driver does; the new name."""
+    resource = client.ResourceV1Api(api)
+    old = api.sanitize_for_serialization(resource.read_resource_slice(name))
+    resource.delete_resource_slice(name)
+    wait_for(f"slice {name} gone", lambda: name not in {s.metadata.name for s in resource.list_resource_slice().items})
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{old['spec']['nodeName']}-recreated-",
+                         "ownerReferences": old["metadata"].get("ownerReferences") or []},
+            "spec": old["spec"]}
+    return str(resource.create_resource_slice(body=body).metadata.name)
+
+
+def test_a_mark_set_again_on_a_recreated_slice_is_cleared_by_removing_it(
+        api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
+    """The record outlives the slice; marked again on the new slice, it follows that slice, so removing the
+    annotation there clears it and frees the device (code review finding 5: it stayed for good)."""
+    pool, device = _free_device(api)
+    try:
+        mark(api, pool, device, "XID 79")
+        wait_for("the device quarantined", lambda: _quarantine_claims(api, pool, device), 30)
+        new = _recreate_slice(api, slice_of(api, pool))
+        time.sleep(2)  # the deletion and the unmarked new slice are handled: the record stays
+        assert (record_for(api, pool, device) or {}).get("spec", {}).get("reason") == "XID 79"
+        annotate(api, new, {PREFIX + device: "XID 79 again"})
+        wait_for("the record adopted by the new slice's mark", lambda: (
+            (record_for(api, pool, device) or {}).get("spec", {}).get("reason") == "XID 79 again"), 30)
+        annotate(api, new, {PREFIX + device: None})
+        wait_for("the record cleared", lambda: record_for(api, pool, device) is None, 20)
+        wait_for("the quarantine released", lambda: not _quarantine_claims(api, pool, device), 30)
+    finally:
+        unmark(api, pool, device)
+        found = record_for(api, pool, device)
+        if found is not None:  # without the fix it stays: leave the lab clean for the next tests
+            delete_record(api, found["metadata"]["name"])
         wait_for("the quarantine released", lambda: not _quarantine_claims(api, pool, device), 30)

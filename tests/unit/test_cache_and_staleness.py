@@ -185,3 +185,24 @@ def test_without_podgroups_or_records_watched_their_look_ups_are_empty() -> None
     view = Cache(index_views({"pods": FakeIndex(), "claims": FakeIndex(), "templates_by_name": FakeIndex()}))
     assert view.records() == [] and view.record("x") is None and view.records_marking(("d", "p", "g")) == []
     assert view.podgroup_keys() == [] and view.pods_in_podgroup("ns", "team") == []
+
+
+def _slice(name: str, pool: str, driver: str = "d") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **obj(name, f"{name}-uid", namespace=""),
+            "spec": {"driver": driver, "nodeName": pool, "pool": {"name": pool, "generation": 1}, "devices": []}}
+
+
+def test_the_slices_of_a_pool_are_found_by_the_slice_index() -> None:
+    """Two slices of one pool while a driver re-creates it; the names stay the only primary keys."""
+    from claimwarden import app
+
+    old, new, other, foreign = _slice("n0-a", "n0"), _slice("n0-b", "n0"), _slice("n1-a", "n1"), _slice("x", "n0", "e")
+    slices = _indexed(*(asyncio.run(app.slices_by_name(name=s["metadata"]["name"], body=s))
+                        for s in (old, new, other, foreign)))
+    view = Cache(index_views({"pods": FakeIndex(), "claims": FakeIndex(), "templates_by_name": FakeIndex(),
+                              "slices_by_name": slices}))
+    assert [s["metadata"]["name"] for s in view.resource_slices_of_pool("d", "n0")] == ["n0-a", "n0-b"]
+    assert [s["metadata"]["name"] for s in view.resource_slices_of_pool("e", "n0")] == ["x"]
+    assert view.resource_slices_of_pool("d", "n2") == []
+    assert sorted(view.resource_slice_names()) == ["n0-a", "n0-b", "n1-a", "x"]
+    assert len(view.resource_slices()) == 4 and view.resource_slice("n1-a") == app.projections.resource_slice(other)

@@ -91,6 +91,20 @@ def test_holding_pods_counts_each_pod_once_per_driver_and_skips_quarantine_claim
     assert holding_pods(claims, "cw") == {DRIVER: {"a/x", "a/y"}, "nic.example.com": {"b/z"}}
 
 
+def test_holding_pods_leaves_out_pods_holding_a_device_only_through_admin_access() -> None:
+    """Admin-access pods are never evicted, so they neither raise the limit nor count against it."""
+    def claim(name: str, *results: dict[str, object]) -> dict[str, object]:
+        return {"metadata": {"namespace": "a", "name": name},
+                "status": {"allocation": {"devices": {"results": list(results)}},
+                           "reservedFor": [{"resource": "pods", "name": name, "uid": name}]}}
+
+    plain = {"driver": DRIVER, "pool": "n", "device": "g0", "request": "r"}
+    admin = {**plain, "adminAccess": True}
+    nic_admin = {**admin, "driver": "nic.example.com"}
+    claims = [claim("diag", admin), claim("worker", plain), claim("both", plain, nic_admin)]
+    assert holding_pods(claims, "cw") == {DRIVER: {"a/worker", "a/both"}}
+
+
 def test_recent_evictions_round_trip_through_the_status_and_are_trimmed() -> None:
     recent = [Recent("ns/a", NOW - timedelta(minutes=11)), Recent("ns/b", NOW - timedelta(minutes=1))]
     stored = format_recent(recent, NOW, timedelta(minutes=10))

@@ -101,6 +101,7 @@ def test_status_fields(schema: dict[str, Any]) -> None:
     assert props["quarantineClaims"]["items"] == {"type": "string"}
     assert props["deviceTaintRule"]["type"] == "string"
     assert props["podsWouldEvictNames"]["maxItems"] == 50
+    assert props["adminAccessPods"]["maxItems"] == 50 and props["adminAccessPods"]["items"] == {"type": "string"}
     assert props["recentEvictions"]["items"]["required"] == ["pod", "at"]
     assert set(props["approval"]["properties"]) == {"by", "at"}
 

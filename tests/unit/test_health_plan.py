@@ -263,6 +263,40 @@ def test_pod_with_one_tolerating_and_one_evicting_claim_is_evicted() -> None:
     assert plan.tolerated == 0
 
 
+# --- plan_record: admin access (diagnostics pods) ------------------------------------------------
+
+def admin_claim(name: str = "diag", *, reserved: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    claim = make_claim(name, reserved=reserved)
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    return claim
+
+
+def test_a_pod_on_the_device_only_through_admin_access_is_never_evicted_but_listed() -> None:
+    claims = [make_claim(reserved=[("pod", "pod-uid")]), admin_claim(reserved=[("diag", "diag-uid")])]
+    pods = pods_of(make_pod(), make_pod("diag", uid="diag-uid", claims={"gpu": "diag"}))
+    for effect in ("NoExecute", "NoSchedule", "None"):
+        plan = plan_for(make_record(effect), claims, pods)
+        assert plan.would_evict_names == ("ns/pod",) and plan.admin_access == ("ns/diag",)
+        assert plan.evict == ((eviction(),) if effect == "NoExecute" else ())
+        assert plan.pending == (1 if effect == "NoExecute" else 0) and plan.tolerated == 0
+        assert plan.holders == ("ns/claim", "ns/diag") and plan.exclusive_holders == ("ns/claim",)
+
+
+def test_a_pod_with_an_admin_access_claim_and_a_plain_claim_on_the_device_is_evicted() -> None:
+    claims = [make_claim(reserved=[("pod", "pod-uid")]), admin_claim(reserved=[("pod", "pod-uid")])]
+    pod = make_pod(claims={"gpu": "claim", "look": "diag"})
+    plan = plan_for(make_record(), claims, pods_of(pod))
+    assert plan.evict == (eviction(),) and plan.admin_access == ()
+
+
+def test_an_admin_access_result_for_another_device_does_not_spare_the_pod() -> None:
+    claim = make_claim(reserved=[("pod", "pod-uid")])
+    claim["status"]["allocation"]["devices"]["results"].append(
+        {"request": "look", "driver": DRIVER, "pool": POOL, "device": "gpu-1", "adminAccess": True})
+    plan = plan_for(make_record(), [claim], pods_of(make_pod()))
+    assert plan.evict == (eviction(),) and plan.admin_access == ()
+
+
 # --- plan_record: tolerations -------------------------------------------------------------------
 
 def test_toleration_seconds_delay_due() -> None:

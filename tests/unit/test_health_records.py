@@ -398,6 +398,74 @@ def test_gone_slice_deletes_nothing() -> None:
     assert plan_slice(make_slice({}, devices=()), records) == SliceSync()
 
 
+# --- a re-created slice: records follow the slice that carries the mark ------------------------
+
+def test_a_mark_on_a_recreated_slice_adopts_the_record_and_relabels_it() -> None:
+    """The old slice is gone; the device is marked again on the new one (code review finding 5)."""
+    name, record = existing("gpu-0", "XID 79")
+    sync = plan_slice(make_slice({mark("gpu-0"): "XID 79"}, name="slice-b"), {name: record})
+    assert sync.relabel == ((name, "slice-b"),)
+    assert sync.create == () and sync.delete == () and sync.update_reason == ()
+
+
+def test_removing_the_mark_from_the_recreated_slice_clears_the_adopted_record() -> None:
+    name, record = existing("gpu-0", "XID 79")
+    sync = plan_slice(make_slice({mark("gpu-0"): "XID 79"}, name="slice-b"), {name: record})
+    relabelled = {**record, "metadata": {**record["metadata"], "labels": {SLICE_LABEL: sync.relabel[0][1]}}}
+    assert plan_slice(make_slice({}, name="slice-b"), {name: relabelled}).delete == (name,)
+
+
+def test_a_recreated_slice_without_the_mark_keeps_the_record() -> None:
+    """Records outlive their slice: a driver re-publishing its devices does not clear a mark."""
+    records = dict([existing("gpu-0")])
+    assert plan_slice(make_slice({}, name="slice-b"), records) == SliceSync()
+    old = make_slice({}, name="slice-a", devices=())  # the old slice, emptied before it is deleted
+    assert plan_slice(make_slice({}, name="slice-b"), records, [old]) == SliceSync()
+
+
+def test_a_record_stays_with_its_slice_while_that_slice_still_carries_the_mark() -> None:
+    """Both slices of the pool exist and carry the mark: neither takes the record from the other."""
+    name, record = existing("gpu-0")
+    old = make_slice({mark("gpu-0"): "broken"}, name="slice-a")
+    new = make_slice({mark("gpu-0"): "broken"}, name="slice-b")
+    assert plan_slice(new, {name: record}, [old, new]) == SliceSync()
+    assert plan_slice(old, {name: record}, [old, new]) == SliceSync()
+
+
+def test_a_record_is_not_cleared_while_another_slice_of_the_pool_carries_the_mark() -> None:
+    """The mark is removed from the record's slice while the other slice of the pool still has it:
+    the record follows that slice (and removing the mark there clears it)."""
+    name, record = existing("gpu-0")
+    old = make_slice({}, name="slice-a")
+    new = make_slice({mark("gpu-0"): "broken"}, name="slice-b")
+    sync = plan_slice(old, {name: record}, [old, new])
+    assert sync.delete == () and sync.relabel == ((name, "slice-b"),)
+    moved = {**record, "metadata": {**record["metadata"], "labels": {SLICE_LABEL: "slice-b"}}}
+    assert plan_slice(old, {name: moved}, [old, new]) == SliceSync()
+    assert plan_slice(new, {name: moved}, [old, new]) == SliceSync()
+    gone = make_slice({}, name="slice-b")
+    assert plan_slice(gone, {name: moved}, [old, gone]).delete == (name,)
+
+
+def test_a_record_follows_the_first_carrying_slice_by_name_and_then_stays() -> None:
+    name, record = existing("gpu-0", slice_name="slice-gone")
+    here = make_slice({}, name="slice-a")
+    others = [make_slice({mark("gpu-0"): "broken"}, name=n) for n in ("slice-c", "slice-b")]
+    assert plan_slice(here, {name: record}, [here, *others]).relabel == ((name, "slice-b"),)
+
+
+def test_slices_of_other_pools_or_drivers_do_not_keep_a_record() -> None:
+    name, record = existing("gpu-0")
+    other_pool = make_slice({mark("gpu-0"): "broken"}, name="slice-x", pool="node-2")
+    other_driver = make_slice({mark("gpu-0"): "broken"}, name="slice-y", driver="other.example.com")
+    assert plan_slice(make_slice({}), {name: record}, [other_pool, other_driver]).delete == (name,)
+
+
+def test_a_manual_record_is_never_relabelled() -> None:
+    name, record = existing("gpu-0", source="manual", slice_name="slice-a")
+    assert plan_slice(make_slice({mark("gpu-0"): "ECC"}, name="slice-b"), {name: record}) == SliceSync()
+
+
 # --- drain modes --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "drain"), [

@@ -15,7 +15,8 @@ computes the same). The limit is a fraction of the pods holding devices of that 
   ValidatingAdmissionPolicy) is outside the breaker: its pods are neither counted nor held back.
 
 The "pods holding devices" of a driver are those in `reservedFor` of the claims allocated one of
-its devices (for a PodGroup entry: the group's pods that use the claim), plus the pods evicted in
+its devices (for a PodGroup entry: the group's pods that use the claim; admin-access results, which
+claimwarden never evicts, do not count), plus the pods evicted in
 the window, approved or not (they held one until claimwarden evicted them; without them the limit
 would shrink with every eviction). Pods are identified by "namespace/name",
 so a pod being evicted is never counted twice.
@@ -33,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.claims.podgroups import is_podgroup_reservation
-from claimwarden.podclaims import allocated_devices, is_pod_reservation, metadata, reserved_for
+from claimwarden.podclaims import is_pod_reservation, metadata, reserved_for, used_devices
 from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
 DEFAULT_MAX_FRACTION = 0.3
@@ -162,7 +163,8 @@ def _duration(window: timedelta) -> str:
 
 def holding_pods(claims: Iterable[dict[str, Any]], skip_namespace: str,
                  podgroup_pods: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> dict[str, set[str]]:
-    """driver -> pods ("namespace/name") in reservedFor of claims allocated its devices, in one pass.
+    """driver -> pods ("namespace/name") in reservedFor of claims allocated its devices (without admin
+    access), in one pass.
 
     Claims in `skip_namespace` (claimwarden's own: quarantine claims hold no pods) are skipped.
     `podgroup_pods(claim)`: the names of the pods holding the claim through a PodGroup entry of its
@@ -178,7 +180,7 @@ def holding_pods(claims: Iterable[dict[str, Any]], skip_namespace: str,
             names.update(podgroup_pods(claim))
         if not names:
             continue
-        for driver in {device[0] for device in allocated_devices(claim)}:
+        for driver in {device[0] for device in used_devices(claim)}:
             pods = found.setdefault(driver, set())
             pods.update(f"{namespace}/{name}" for name in names)
     return found

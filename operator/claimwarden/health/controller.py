@@ -395,6 +395,7 @@ class HealthController:
             "recentEvictions": counts["recentEvictions"],
             "podsWouldEvict": record_plan.would_evict,
             "podsWouldEvictNames": list(record_plan.would_evict_names[:plan.PREVIEW_NAMES_MAX]),
+            "adminAccessPods": list(record_plan.admin_access[:plan.PREVIEW_NAMES_MAX]),
             "approval": approval,
             "quarantineClaims": quarantine,
             "deviceHolders": sorted(record_plan.holders),

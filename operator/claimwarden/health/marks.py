@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import cast
 
-from ..cache import Body, Cache
+from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..workqueue import WorkQueue
@@ -33,14 +33,19 @@ class Marks:
         self.queue = WorkQueue("health-slices")
         self._post_event = post_event
         self._reported: set[tuple[str, str, str]] = set()
+        self._labels_written: dict[str, tuple[int, str]] = {}
+        """Record name -> (resourceVersion our SLICE_LABEL patch returned, the label), until the cache has it."""
 
     async def reconcile(self, key: Hashable) -> None:
         name = cast(str, key)
         slice_ = self.cache.resource_slice(name)
+        existing = self._records()
         if slice_ is None:
+            self._look_at_pools_of(name, existing.values())
             return
-        existing = {r["metadata"]["name"]: r for r in self.cache.records()}
-        sync = records.plan_slice(slice_, existing)
+        pool_slices = self.cache.resource_slices_of_pool(str(slice_["spec"].get("driver") or ""),
+                                                         records.slice_pool(slice_))
+        sync = records.plan_slice(slice_, existing, pool_slices)
         for error in sync.errors:
             marker = (slice_["metadata"].get("uid", ""), error.key, error.message)
             if marker not in self._reported:
@@ -70,6 +75,39 @@ class Marks:
             await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
                                                        {"spec": {"drain": drain}})
             log.info("slice %s: record %s drains with %s", name, record_name, drain)
+        for record_name, target in sync.relabel:
+            label = records.label_value(target)
+            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name, {
+                "metadata": {"labels": {records.SLICE_LABEL: label}}})
+            self._labels_written[record_name] = (resource_version(result), label)
+            log.info("slice %s: record %s now follows the mark on slice %s", name, record_name, target)
         for record_name in sync.delete:
             await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
             log.info("slice %s: record %s cleared (annotation removed)", name, record_name)
+
+    def _records(self) -> dict[str, Body]:
+        """The cached records by name, with the slice labels written here that the cache has not brought back
+        yet: the annotation's removal may come before the relabelled record, and a plan on the old label
+        would leave the record for good (no later event of the slice looks at it again)."""
+        existing: dict[str, Body] = {}
+        waiting: dict[str, tuple[int, str]] = {}
+        for record in self.cache.records():
+            name = record["metadata"]["name"]
+            written = self._labels_written.get(name)
+            if written is not None and resource_version(record) < written[0]:
+                waiting[name] = written
+                labels = {**(record["metadata"].get("labels") or {}), records.SLICE_LABEL: written[1]}
+                record = {**record, "metadata": {**record["metadata"], "labels": labels}}
+            existing[name] = record
+        self._labels_written = waiting
+        return existing
+
+    def _look_at_pools_of(self, gone: str, existing: Iterable[Body]) -> None:
+        """A slice is gone: the other slices of its records' pools are looked at again, so that one still
+        carrying a mark takes its record over (records.follow_marks) before that mark is removed there."""
+        label = records.label_value(gone)
+        pools = {(ref.driver, ref.pool) for record in existing
+                 if records.slice_label(record) == label and (ref := records.record_ref(record)) is not None}
+        for driver, pool in sorted(pools):
+            for slice_ in self.cache.resource_slices_of_pool(driver, pool):
+                self.queue.add(records.slice_name(slice_))

@@ -83,8 +83,11 @@ class RecordPlan:
     """Those pods as sorted "namespace/name" (all of them; the status shows the first PREVIEW_NAMES_MAX)."""
     tolerated: int = 0
     """Pods using the device whose claims tolerate the taint forever."""
+    admin_access: tuple[str, ...] = ()
+    """Pods that use the device only through admin-access allocation results (``uses_device``), as sorted
+    "namespace/name": never evicted, whatever the effect."""
     holders: tuple[str, ...] = ()
-    """The non-quarantine claims allocated the device, as sorted "namespace/name"."""
+    """The non-quarantine claims allocated the device, as sorted "namespace/name" (admin access included)."""
     exclusive_holders: tuple[str, ...] = ()
     """Those of them that kube-scheduler counts as allocating the device (``keeps_device_allocated``)."""
     quarantine_needed: bool = False
@@ -145,6 +148,18 @@ def is_quarantine_claim(claim: dict[str, Any], namespace: str) -> bool:
 def holds_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
     """True when the claim is allocated and one of its allocation results is the device."""
     return is_allocated(claim) and any(names_device(result, ref) for result in allocation_results(claim))
+
+
+def uses_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
+    """True when the claim is allocated the device by a result without admin access.
+
+    An admin-access result (`adminAccess: true`, allowed only in namespaces labelled
+    `resource.kubernetes.io/admin-access: "true"`) gives a diagnostics pod a device that others may be
+    using; kube-scheduler does not count it as allocated. Such a pod is the one that looks at or repairs
+    a broken device, so claimwarden never evicts it for that device (README "Admin access").
+    """
+    return is_allocated(claim) and any(names_device(result, ref) and not result.get("adminAccess")
+                                       for result in allocation_results(claim))
 
 
 def keeps_device_allocated(claim: dict[str, Any], ref: DeviceRef) -> bool:
@@ -265,7 +280,11 @@ def plan_record(
     holders = device_holders(claims, ref, namespace)
     earliest: dict[tuple[str, str, str], Eviction] = {}
     using: set[tuple[str, str, str]] = set()
+    admin: set[tuple[str, str, str]] = set()
     for claim in sorted(holders, key=claim_key):
+        if not uses_device(claim, ref):
+            admin.update(affected_pods(claim, pods, evicted, podgroup_members))
+            continue
         due = claim_eviction_time(claim, ref, taint, marked_at, server_copies=server_copies_tolerations)
         for pod in affected_pods(claim, pods, evicted, podgroup_members):
             using.add(pod)
@@ -289,6 +308,7 @@ def plan_record(
         would_evict=len(earliest),
         would_evict_names=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in earliest)),
         tolerated=len(using - earliest.keys()),
+        admin_access=tuple(sorted(f"{pod[0]}/{pod[1]}" for pod in admin - using)),
         holders=tuple(sorted(claim_key(claim) for claim in holders)),
         exclusive_holders=tuple(sorted(claim_key(claim) for claim in holders if keeps_device_allocated(claim, ref))),
         quarantine_needed=effect in QUARANTINE_EFFECTS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -362,16 +362,20 @@ class SliceSync:
     """(record name, new drain) of annotation records whose drain annotation changed."""
     delete: tuple[str, ...] = ()
     """Names of annotation records of this slice whose annotation is gone."""
+    relabel: tuple[tuple[str, str], ...] = ()
+    """(record name, slice name) of annotation records that now follow another slice (`follow_marks`)."""
     errors: tuple[MarkError, ...] = ()
 
 
-def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) -> SliceSync:
+def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]],
+               pool_slices: Iterable[dict[str, Any]] = ()) -> SliceSync:
     """Compare one slice's marks with the existing records (name → record).
 
     A record that exists for a marked device under another name than `record_name` (an admin's)
     counts as that device's record. Records made by hand are never updated or deleted here. A
     device whose annotation is present but invalid (for example an emptied reason) keeps its
-    record: a bad annotation changes nothing.
+    record: a bad annotation changes nothing. `pool_slices`: the current slices of the same driver
+    and pool (this one may be among them); which slice a record follows is `follow_marks`'s decision.
     """
     marks, errors = parse_slice_marks(slice_)
     by_ref = records_by_ref(records)
@@ -389,8 +393,9 @@ def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) ->
                 update.append((name, mark.reason))
             if str(record_drain(record)) != mark.drain:
                 update_drain.append((name, mark.drain))
+    delete, relabel = follow_marks(slice_, records, pool_slices)
     return SliceSync(create=tuple(create), update_reason=tuple(update), update_drain=tuple(update_drain),
-                     delete=tuple(unmarked_records(slice_, records)), errors=tuple(errors))
+                     delete=tuple(delete), relabel=tuple(relabel), errors=tuple(errors))
 
 
 def records_by_ref(records: Mapping[str, dict[str, Any]]) -> dict[DeviceRef, tuple[str, dict[str, Any]]]:
@@ -412,19 +417,60 @@ def _existing_record(ref: DeviceRef, records: Mapping[str, dict[str, Any]],
     return by_ref.get(ref)
 
 
-def unmarked_records(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]]) -> list[str]:
-    """Sorted names of this slice's annotation records for listed devices that are no longer annotated."""
+def slice_label(record: dict[str, Any]) -> str:
+    """The record's SLICE_LABEL: the label value of the slice whose annotation it follows ("" for none)."""
+    return str((metadata(record).get("labels") or {}).get(SLICE_LABEL) or "")
+
+
+def annotated_devices(slice_: dict[str, Any]) -> set[str]:
+    """The devices the slice has an annotation of ours for, valid or not."""
+    return {marked_device(key) or "" for key in marked_annotations(slice_)}
+
+
+def follow_marks(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]],
+                 pool_slices: Iterable[dict[str, Any]] = ()) -> tuple[list[str], list[tuple[str, str]]]:
+    """Which annotation records of the devices this slice lists are cleared, and which follow another slice.
+
+    An annotation record follows the slice in its SLICE_LABEL: removing the annotation from that slice
+    clears it. Drivers re-create their slices under new names (1.37's slice controller replaces slices
+    whose names lack an index prefix), so the mark may be set again on a new slice after the old one is
+    gone, and for a moment two slices of one pool may both exist. A record therefore
+    - stays with its slice while that slice carries an annotation for the device;
+    - else follows a current slice of the pool that carries one (this slice first, then by name), so
+      that removing the annotation there clears it;
+    - else is cleared when its slice is this one: the annotation was removed here and no slice of the
+      pool carries it any more;
+    - else stays: its slice is gone and the one that replaced it was never marked (records outlive
+      their slice).
+    A record is never cleared while any current slice of the pool carries the annotation, and moves
+    only from a slice without the annotation to one with it, so two slices cannot pass it to and fro.
+
+    Returns the sorted names of the records to delete and (record name, slice name) of those to re-label.
+    """
+    this = slice_name(slice_)
     driver, pool = str(spec(slice_).get("driver") or ""), slice_pool(slice_)
-    label = label_value(slice_name(slice_))
+    carrying = {this: annotated_devices(slice_)}
+    for other in pool_slices:
+        name = slice_name(other)
+        if name and name != this and (str(spec(other).get("driver") or ""), slice_pool(other)) == (driver, pool):
+            carrying[name] = annotated_devices(other)
+    by_label = {label_value(name): name for name in carrying}
     listed = set(slice_devices(slice_))
-    annotated = {marked_device(key) for key in marked_annotations(slice_)}
-    names = []
-    for name, record in records.items():
+    delete: list[str] = []
+    relabel: list[tuple[str, str]] = []
+    for name in sorted(records):
+        record = records[name]
         ref = record_ref(record)
         if ref is None or (ref.driver, ref.pool) != (driver, pool) or ref.device not in listed:
             continue
-        if ref.device in annotated or not is_from_annotation(record) or is_being_deleted(record):
+        if not is_from_annotation(record) or is_being_deleted(record):
             continue
-        if (metadata(record).get("labels") or {}).get(SLICE_LABEL) == label:
-            names.append(name)
-    return sorted(names)
+        label = slice_label(record)
+        if ref.device in carrying.get(by_label.get(label, ""), set()):
+            continue
+        carriers = sorted(slice for slice, devices in carrying.items() if ref.device in devices)
+        if carriers:
+            relabel.append((name, this if this in carriers else carriers[0]))
+        elif label == label_value(this):
+            delete.append(name)
+    return delete, relabel
