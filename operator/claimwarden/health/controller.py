@@ -96,6 +96,7 @@ class HealthController:
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
+        self._record_claims: dict[str, set[tuple[str, str]]] = {}  # the same, from the record's side
         # Whether the server's allocator copies tolerations into allocation results (tolerations.py):
         # once one copy was seen it stays true; until then all claims are scanned now and then.
         self._copies_tolerations = False
@@ -342,15 +343,24 @@ class HealthController:
         return self.decision(ref.driver)
 
     def _note_holders(self, record_name: str, holders: set[str], before: set[str]) -> None:
+        claims = self._record_claims.setdefault(record_name, set())
         for holder in holders:
             namespace, claim = holder.split("/", 1)
             self._claim_records.setdefault((namespace, claim), set()).add(record_name)
+            claims.add((namespace, claim))
         for holder in before - holders:
             namespace, claim = holder.split("/", 1)
-            names = self._claim_records.get((namespace, claim), set())
-            names.discard(record_name)
-            if not names:
-                self._claim_records.pop((namespace, claim), None)
+            self._drop_claim_record((namespace, claim), record_name)
+
+    def _drop_claim_record(self, key: tuple[str, str], record_name: str) -> None:
+        names = self._claim_records.get(key, set())
+        names.discard(record_name)
+        if not names:
+            self._claim_records.pop(key, None)
+        claims = self._record_claims.get(record_name, set())
+        claims.discard(key)
+        if not claims:
+            self._record_claims.pop(record_name, None)
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
                             quarantine: list[str], rule: str, *, paused: str, approved: str | None,
@@ -433,10 +443,8 @@ class HealthController:
         self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)
-        for key in [k for k, names in self._claim_records.items() if name in names]:
-            self._claim_records[key].discard(name)
-            if not self._claim_records[key]:
-                del self._claim_records[key]
+        for key in list(self._record_claims.get(name, ())):
+            self._drop_claim_record(key, name)
 
     async def _event(self, involved: Body, event_type: str, reason: str, message: str) -> None:
         try:

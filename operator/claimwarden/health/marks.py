@@ -39,10 +39,10 @@ class Marks:
     async def reconcile(self, key: Hashable) -> None:
         name = cast(str, key)
         slice_ = self.cache.resource_slice(name)
-        existing = self._records()
         if slice_ is None:
-            self._look_at_pools_of(name, existing.values())
+            self._look_at_pools_of(name, self.cache.records())
             return
+        existing = self._records(self._records_of_devices(slice_))
         pool_slices = self.cache.resource_slices_of_pool(str(slice_["spec"].get("driver") or ""),
                                                          records.slice_pool(slice_))
         sync = records.plan_slice(slice_, existing, pool_slices)
@@ -85,21 +85,31 @@ class Marks:
             await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
             log.info("slice %s: record %s cleared (annotation removed)", name, record_name)
 
-    def _records(self) -> dict[str, Body]:
-        """The cached records by name, with the slice labels written here that the cache has not brought back
+    def _records_of_devices(self, slice_: Body) -> list[Body]:
+        """The records of the devices the slice lists, from the records' device index: all that `plan_slice`
+        looks at (a scan of every record per slice event was quadratic when a rack was marked)."""
+        driver, pool = str(slice_["spec"].get("driver") or ""), records.slice_pool(slice_)
+        found: dict[str, Body] = {}
+        for device in records.slice_devices(slice_):
+            for record in self.cache.records_marking((driver, pool, device)):
+                found[record["metadata"]["name"]] = record
+        return list(found.values())
+
+    def _records(self, cached: Iterable[Body]) -> dict[str, Body]:
+        """The records by name, with the slice labels written here that the cache has not brought back
         yet: the annotation's removal may come before the relabelled record, and a plan on the old label
         would leave the record for good (no later event of the slice looks at it again)."""
         existing: dict[str, Body] = {}
-        waiting: dict[str, tuple[int, str]] = {}
-        for record in self.cache.records():
+        for record in cached:
             name = record["metadata"]["name"]
             written = self._labels_written.get(name)
             if written is not None and resource_version(record) < written[0]:
-                waiting[name] = written
                 labels = {**(record["metadata"].get("labels") or {}), records.SLICE_LABEL: written[1]}
                 record = {**record, "metadata": {**record["metadata"], "labels": labels}}
             existing[name] = record
-        self._labels_written = waiting
+        self._labels_written = {name: written for name, written in self._labels_written.items()
+                                if (current := self.cache.record(name)) is not None
+                                and resource_version(current) < written[0]}
         return existing
 
     def _look_at_pools_of(self, gone: str, existing: Iterable[Body]) -> None:

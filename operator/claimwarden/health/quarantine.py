@@ -81,7 +81,7 @@ class Quarantine:
         # any of them makes the scheduler forget the device.
         for claim in existing:
             await self._delete(claim)
-        node = plan.slice_node(self.cache.resource_slices(), ref)
+        node = plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
         body = plan.quarantine_claim_body(record, self.namespace, node)
         try:
             created = await self.kube.create_claim(self.namespace, body)
@@ -128,7 +128,7 @@ class Quarantine:
                 await self.release(claims)
 
     async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> Body:
-        node = node or plan.slice_node(self.cache.resource_slices(), ref)
+        node = node or plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
         return await self.kube.patch_claim_status(self.namespace, claim["metadata"]["name"], [
             {"op": "test", "path": "/metadata/resourceVersion", "value": claim["metadata"]["resourceVersion"]},
             {"op": "add", "path": "/status", "value": {"allocation": plan.quarantine_allocation(ref, node)}}])
