@@ -31,7 +31,7 @@ import orjson
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
-from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
+from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
 from .login import aio_configuration
 
 log = logging.getLogger("claimwarden.kube")
@@ -152,6 +152,8 @@ class Kube:
         """One raw request; bodies stay dicts so no field is lost to a client model.
 
         Every write first asks `may_write` (the leader's fence), except with `unfenced` (the lease itself).
+        `allow_missing`: None when the object is missing; a 404 for a resource the server does not serve
+        still raises (`NotServed`, kube/errors.py).
         """
         if method != "GET" and not unfenced and not self.may_write():
             raise NotLeader(method, path)
@@ -212,9 +214,10 @@ class Kube:
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS: the apiserver restarting, say
             raise ApiUnreachable(method, path, exc) from None
         if raw.status >= 400:
-            if allow_missing and raw.status == 404:
+            error = ApiError.from_response(raw.status, payload.decode("utf-8", "replace"), raw.headers)
+            if allow_missing and error.not_found:  # a NotServed 404 is raised: it says nothing of the object
                 return None
-            raise ApiError.from_response(raw.status, payload.decode("utf-8", "replace"), raw.headers)
+            raise error
         result: Body = orjson.loads(payload) if payload else {}
         return result
 
@@ -371,7 +374,10 @@ class Kube:
     async def served_version(self, group: str, plural: str, versions: tuple[str, ...]) -> str | None:
         """The first of ``versions`` under which the API server serves ``group``/``plural``."""
         for version in versions:
-            listing = await self.request("GET", f"/apis/{group}/{version}", allow_missing=True)
+            try:
+                listing = await self.request("GET", f"/apis/{group}/{version}")
+            except NotServed:
+                continue
             if listing and any(r.get("name") == plural for r in listing.get("resources") or []):
                 return version
         return None
