@@ -275,7 +275,11 @@ class Kube:
                                                "status"), body,
                                 query={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
 
-    # --- resource claims --------------------------------------------------------------------
+    # --- resource claims and templates ------------------------------------------------------
+
+    async def get_template(self, namespace: str, name: str) -> Body | None:
+        return await self.request("GET", _path(RESOURCE, namespace, "resourceclaimtemplates", name),
+                                  allow_missing=True)
 
     async def get_claim(self, namespace: str, name: str) -> Body | None:
         return await self.request("GET", _path(RESOURCE, namespace, "resourceclaims", name), allow_missing=True)
