@@ -61,3 +61,28 @@ def test_a_taint_rule_version_no_longer_served_is_looked_up_again() -> None:
         assert kube.calls == [("discover", "devicetaintrules"), ("get", "resource.k8s.io/v1")]
 
     asyncio.run(scenario())
+
+
+def test_the_count_of_unselective_rules_looks_the_version_up_again_too() -> None:
+    from claimwarden.health.taint_rules import UnselectiveRules
+
+    class Listing(FakeKube):
+        async def list_cluster_objects(self, group_version: str, plural: str) -> list[dict[str, Any]]:
+            self._check("list", group_version)
+            return [{"metadata": {"name": "everything"}, "spec": {}}]
+
+    kube = Listing("v1beta2")
+    quarantine = Quarantine(cache=None, kube=kube, namespace="claimwarden")  # type: ignore[arg-type]
+    rules = UnselectiveRules(kube, quarantine.taint_rule_api, quarantine.taint_rule_api_gone)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await rules.refresh()
+        kube.served = "v1"
+        with pytest.raises(NotServed):
+            await rules.refresh()
+        kube.calls.clear()
+        await rules.refresh()
+        assert kube.calls == [("discover", "devicetaintrules"), ("list", "resource.k8s.io/v1")]
+        assert rules.count == 1
+
+    asyncio.run(scenario())

@@ -147,7 +147,7 @@ class Quarantine:
         try:
             return await self._sync_taint_rule(version, record, needed=needed, defer=defer)
         except NotServed:
-            self._taint_rule_api_gone(version)
+            self.taint_rule_api_gone(version)
             raise
 
     async def _sync_taint_rule(self, version: str, record: Body, *, needed: bool, defer: bool) -> str:
@@ -205,14 +205,16 @@ class Quarantine:
                 f"resource.k8s.io/{version}", "devicetaintrules",
                 plan.device_taint_rule_name({"metadata": {"name": record_name}}))
         except NotServed:
-            self._taint_rule_api_gone(version)
+            self.taint_rule_api_gone(version)
             raise
         if deleted:
             log.info("DeviceTaintRule of record %s deleted", record_name)
 
-    def _taint_rule_api_gone(self, version: str) -> None:
+    def taint_rule_api_gone(self, version: str) -> None:
         """The server stopped serving DeviceTaintRule at `version` (an upgrade): nothing is known of the
         rules any more, and the served version is asked again on the next call (the caller retries)."""
+        if not self._taint_rule_checked or self._taint_rule_version != version:
+            return  # already looked up again
         log.warning("DeviceTaintRule is no longer served as resource.k8s.io/%s; looking for the served version",
                     version)
         self._taint_rule_checked = False
