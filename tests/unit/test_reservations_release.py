@@ -297,3 +297,21 @@ def test_a_claim_released_a_moment_ago_waits_before_its_next_release() -> None:
     delay = asyncio.run(twice())
     assert 0 < delay <= module.RELEASE_SPACING
     assert [call for call, _ in kube.writes()] == ["patch_claim_status"]
+
+
+def test_a_foreign_finalizer_before_delete_protection_costs_one_read_not_a_wrong_removal() -> None:
+    """The cached claim keeps only the finalizers claimwarden reads (projections.py), so the index of
+    delete-protection in it is wrong when another finalizer comes first: the patch's test op fails, and
+    the claim is read once and patched at the index of the live object."""
+    full = claim(reserved=[], generated=False)
+    full["metadata"]["finalizers"] = ["example.com/keep", DELETE_PROTECTION_FINALIZER]
+    full["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    del full["status"]["allocation"]  # unreserved and deallocated: only its finalizer is left to remove
+    kube = FakeKube(claim=full)
+    kube.refuse = [ApiError(422, "Invalid", "testing value /metadata/finalizers/0 failed")]
+    reconcile(controller(kube, cached_claim=full))
+    (first, first_ops), (read, _), (second, second_ops) = kube.calls
+    assert (first, read, second) == ("patch_claim", "get_claim", "patch_claim")
+    assert first_ops[1] == {"op": "test", "path": "/metadata/finalizers/0", "value": DELETE_PROTECTION_FINALIZER}
+    assert second_ops[1:] == [{"op": "test", "path": "/metadata/finalizers/1", "value": DELETE_PROTECTION_FINALIZER},
+                              {"op": "remove", "path": "/metadata/finalizers/1"}]
