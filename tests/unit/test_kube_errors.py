@@ -83,6 +83,12 @@ PODGROUP_MISSING = json.dumps({
 POD_MISSING = json.dumps({
     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": 'pods "x" not found',
     "reason": "NotFound", "details": {"name": "x", "kind": "pods"}, "code": 404})
+# POST /apis/coordination.k8s.io/v1/namespaces/nosuchns/leases (and resourceclaims), v1.34.4: the namespace
+# is missing. The elector and the quarantine create the namespace on this answer.
+NAMESPACE_MISSING = json.dumps({
+    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+    "message": 'namespaces "nosuchns" not found', "reason": "NotFound",
+    "details": {"name": "nosuchns", "kind": "namespaces"}, "code": 404})
 # GET /apis/scheduling.k8s.io/v1alpha2/namespaces/default/podgroups/x: a version this server does not serve
 # (also /apis/resource.k8s.io/v1alpha3/devicetaintrules/x, and discovery of /apis/scheduling.k8s.io/v1alpha2).
 NOT_SERVED = json.dumps({
@@ -96,7 +102,7 @@ NO_SUCH_GROUP = "404 page not found\n"
 def test_a_404_naming_the_object_is_a_missing_object() -> None:
     from claimwarden.kube.errors import NotServed
 
-    for body in (PODGROUP_MISSING, POD_MISSING):
+    for body in (PODGROUP_MISSING, POD_MISSING, NAMESPACE_MISSING):
         error = ApiError.from_response(404, body)
         assert error.not_found and not isinstance(error, NotServed), body
         assert error.reason == "NotFound"
