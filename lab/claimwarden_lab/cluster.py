@@ -392,13 +392,18 @@ def _process(state: LabState, name: str) -> tuple[int, Process]:
     raise LabError(f"the lab in {state.dir} has no {name} process; run 'claimwarden lab up' first")
 
 
-def restart_apiserver(state: LabState, say: Say = print) -> Process:
-    """Stop kube-apiserver by PID, start it again with exactly the same arguments, wait for /readyz.
+def restart_apiserver(state: LabState, say: Say = print, *, runtime_config: str | None = None) -> Process:
+    """Stop kube-apiserver by PID, start it again with the same arguments, wait for /readyz.
 
     Clients see what they see when a control-plane node restarts: broken watches, then re-lists.
+    `runtime_config`, when given, replaces its --runtime-config, so that it serves other API versions
+    afterwards (as an upgrade that drops an alpha version does).
     """
     index, old = _process(state, "kube-apiserver")
     _, etcd = _process(state, "etcd")
+    if runtime_config is not None:
+        argv = [arg for arg in old.argv if not arg.startswith("--runtime-config=")]
+        old = dataclasses.replace(old, argv=[*argv, f"--runtime-config={runtime_config}"] if runtime_config else argv)
     say(f"restarting kube-apiserver (pid {old.pid})")
     new = restart(old)
     state.processes[index] = new

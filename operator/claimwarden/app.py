@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -361,8 +362,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     run_settings = run_settings_of(memo)
     kopf_diffbase.check_registry(kopf.get_default_registry())
 
-    log.info("claimwarden %s connected to Kubernetes %s; controllers: %s",
-             __version__, run_settings.server_version, ",".join(run_settings.controllers))
+    log.info("claimwarden %s connected to Kubernetes %s; controllers: %s; PodGroups: %s",
+             __version__, run_settings.server_version, ",".join(run_settings.controllers),
+             f"{podgroups.GROUP}/{run_settings.podgroup_version}" if run_settings.podgroup_version else "not served")
 
     cache = Cache(index_views({name: kwargs[name]
                                for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
@@ -477,6 +479,26 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         server.shutdown()
         server.server_close()
     log.info("claimwarden stopped")
+    _exit_unless_ended(EXIT_AFTER_CLEANUP)
+
+
+EXIT_AFTER_CLEANUP = 30.0
+"""Seconds after the clean-up by which the process has ended. On a signal Kopf ends it at once. When
+Kopf's orchestrator failed instead (a watched API version no longer served, after an upgrade: the
+watch of it fails), one of its watchers may go on waiting to re-authenticate, and the process stayed
+up with no controller running (seen in the lab on 1.37.2); exiting gets it restarted, and the restart
+discovers the versions served now."""
+
+
+def _exit_unless_ended(seconds: float) -> None:
+    def exit_now() -> None:
+        log.error("Kopf had not ended the process %g s after the clean-up; exiting", seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True  # an ordinary end of the process does not wait for it
+    timer.start()
 
 
 @kopf.on.probe(id="version")

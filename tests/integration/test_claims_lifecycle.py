@@ -142,6 +142,24 @@ def test_template_labels_and_annotations_are_copied(api: client.ApiClient, names
     assert claim.spec.devices.requests[0].exactly.device_class_name == "gpu.example.com"
 
 
+def test_a_template_too_big_to_keep_in_memory_still_gives_its_claims_every_label_and_annotation(
+        api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
+    """Over projections.TEMPLATE_SPEC_KEPT (16 KiB) the index keeps the template without its spec; the
+    claim is then made from the template read by name, with all it inherits."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    annotations = {f"example.com/note-{i}": "x" * 1000 for i in range(200)}  # about 200 KiB
+    labels = {f"example.com/l-{i}": "v" * 63 for i in range(50)}
+    resource.create_namespaced_resource_claim_template(namespace, body=template(
+        "single-gpu", labels=labels, annotations=annotations))
+    core.create_namespaced_pod(namespace, body=pod_with_claims("pod", TEMPLATE_CLAIM))
+    name = wait_for("the claim", lambda: _pod_claim_name(core, namespace, "pod"))
+    claim = resource.read_namespaced_resource_claim(name, namespace)
+    assert claim.metadata.labels == labels
+    assert claim.metadata.annotations == {**annotations, "resource.kubernetes.io/pod-claim-name": "gpu"}
+    assert claim.spec.devices.requests[0].exactly.device_class_name == "gpu.example.com"
+    wait_for("the pod running", lambda: _phase(core, namespace, "pod", "Running"))
+
+
 def test_pod_bound_without_the_scheduler_gets_reserved(api: client.ApiClient, namespace: str,
                                                       claimwarden: Operator) -> None:
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)

@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from claimwarden_lab import cluster
 from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab, service_account_kubeconfig
@@ -223,6 +224,70 @@ def test_a_missing_podgroup_or_template_gets_a_clear_event_and_the_claim_comes_o
             n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 300, interval=2)
         operator.stop()
         api.close()
+
+
+# --- a PodGroup version the server stops serving while claimwarden runs ----------------------------
+
+ALPHA_ONLY = "scheduling.k8s.io/v1beta1=false,scheduling.k8s.io/v1alpha3=true"
+BETA_ONLY = "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=false"
+
+
+@pytest.mark.audit(expect_log=[r"Request attempt #\d+/\d+ failed",
+                               r"Watcher for podgroups\.v1alpha3\.scheduling\.k8s\.io@none has failed",
+                               r"Multidimensional multitasker has failed",
+                               r"Kopf had not ended the process 30 s after the clean-up; exiting"],
+                   reason="the apiserver restarts, and Kopf's watch of the dropped version fails on purpose")
+def test_a_podgroup_version_dropped_while_claimwarden_runs_stops_it_and_its_restart_keeps_the_reservation(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An upgrade that drops the PodGroup version claimwarden watches (here v1alpha3; the apiserver then
+    serves v1beta1): Kopf's watch of it fails, its orchestrator stops, and claimwarden exits (it stayed up
+    with no controller running before app.EXIT_AFTER_CLEANUP); the restarted claimwarden (a Deployment's pod
+    is restarted) watches v1beta1 and keeps the reservation of a PodGroup made meanwhile. The "not served"
+    answers themselves are tested in test_kube_errors.py and tests/unit/test_reservations_release.py:
+    here Kopf stops claimwarden before they matter."""
+    with extra_lab(tmp_path_factory, kubernetes=KUBERNETES, nodes=1, gpus_per_node=2, presets="podgroups",
+                   runtime_config=ALPHA_ONLY) as state:
+        api = _api(state)
+        _serves_podgroups(api, "v1alpha3")
+        namespace = "upgraded"
+        client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
+        client.ResourceV1Api(api).create_namespaced_resource_claim(namespace, body={
+            "metadata": {"name": "shared"}, "spec": gpu_claim_spec()})
+        log_path = tmp_path_factory.mktemp("upgraded") / "claimwarden.log"
+        # No leader election: the restart outlasts a lease, and claimwarden would exit for that instead.
+        operator = Operator(service_account_kubeconfig(state), log_path, extra=["--leader-elect=false"])
+        operator.start()
+        try:
+            assert "PodGroups: scheduling.k8s.io/v1alpha3" in log_path.read_text()
+            cluster.restart_apiserver(state, say=lambda line: print(f"lab: {line}"), runtime_config=BETA_ONLY)
+            api.close()
+            api = _api(state)
+            _serves_podgroups(api, VERSION)
+            wait_for("claimwarden exited", lambda: not operator.running, 120, interval=1)
+            assert operator.proc is not None and operator.proc.returncode == 1, operator.log_tail()
+            operator.stop()
+
+            uses = [{"name": "shared", "resourceClaimName": "shared"}]
+            podgroup = _create_podgroup(api, namespace, "team", uses)
+            create_pods(api, namespace, [_member("pod-0", "team", uses)])
+            wait_for("the pod running on the group's reservation", lambda: (
+                _pods(api, namespace)[0].get("status") or {}).get("phase") == "Running", 120)
+            operator.start()
+            assert "PodGroups: scheduling.k8s.io/v1beta1" in log_path.read_text()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                [claim] = _claims(api, namespace)
+                status = claim.get("status") or {}
+                assert status.get("reservedFor") == [_group_entry(podgroup)] and status.get("allocation"), status
+                time.sleep(1)
+        finally:
+            # With claimwarden running: it removes the claim's delete-protection finalizer.
+            operator.start()
+            client.CoreV1Api(api).delete_namespace(namespace)
+            wait_for("the namespace gone", lambda: namespace not in {
+                n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}, 300, interval=2)
+            operator.stop()
+            api.close()
 
 
 # --- side by side with kube-controller-manager's controller --------------------------------------

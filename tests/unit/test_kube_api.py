@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from kubernetes.aio import client as aio
 
 from claimwarden.kube.api import Kube, TokenBucket, refresh_due
-from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
+from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
 from claimwarden.workqueue import WorkQueue, run_workers
 
 
@@ -167,6 +170,23 @@ def test_requests_of_a_limited_client_are_spaced_by_the_budget() -> None:
 
 # --- the request itself: kubernetes.aio's session and credentials, bodies through orjson --------------
 
+@contextlib.asynccontextmanager
+async def _answering(answer: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[str]:
+    """An HTTP server on a free loopback port where `answer` (an aiohttp handler) answers every path."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
 def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_answer() -> None:
     from aiohttp import web
 
@@ -179,7 +199,8 @@ def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_ans
                      "accept": request.headers.get("Accept"), "body": await request.json() if request.can_read_body
                      else None})
         if request.path.endswith("/gone"):
-            return web.json_response({"kind": "Status", "reason": "NotFound", "message": "gone"}, status=404)
+            return web.json_response({"kind": "Status", "reason": "NotFound", "message": 'resourceclaims... "gone"',
+                                      "details": {"name": "gone", "kind": "resourceclaims"}}, status=404)
         if request.path.endswith("/taken"):
             return web.json_response({"kind": "Status", "reason": "Conflict", "message": "changed"}, status=409)
         if request.method == "DELETE":
@@ -187,16 +208,13 @@ def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_ans
         return web.json_response({"metadata": {"name": "c-1", "resourceVersion": "7"}, "ünï": "cödé"})
 
     async def scenario() -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        configuration = aio.Configuration(host=f"http://127.0.0.1:{port}", api_key={"BearerToken": "s3cret"},
-                                          api_key_prefix={"BearerToken": "Bearer"})
-        kube = Kube(aio.ApiClient(configuration), user_agent="claimwarden/test (me)")
+        async with _answering(answer) as host:
+            configuration = aio.Configuration(host=host, api_key={"BearerToken": "s3cret"},
+                                              api_key_prefix={"BearerToken": "Bearer"})
+            kube = Kube(aio.ApiClient(configuration), user_agent="claimwarden/test (me)")
+            await _requests(kube)
+
+    async def _requests(kube: Kube) -> None:
         try:
             created = await kube.create_claim("ns", {"metadata": {"generateName": "p-gpu-"}, "spec": {"ü": 1}})
             assert created == {"metadata": {"name": "c-1", "resourceVersion": "7"}, "ünï": "cödé"}
@@ -210,7 +228,6 @@ def test_a_request_carries_the_credentials_agent_query_and_body_and_maps_the_ans
             assert await kube.list_uids("/api/v1", "pods") == set()
         finally:
             await kube.close()
-            await runner.cleanup()
 
     asyncio.run(scenario())
     post, patch, get, _, delete, listing = seen
@@ -349,5 +366,37 @@ def test_a_write_without_an_answer_gives_up_when_the_fence_would_shut() -> None:
             await kube.close()
             server.close()
         assert time.monotonic() - began < 2
+
+    asyncio.run(scenario())
+
+
+def test_a_404_for_a_version_not_served_raises_and_discovery_skips_that_version() -> None:
+    """Under allow_missing only a 404 naming the object reads as "missing" (kube/errors.py has the bodies)."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.path.startswith("/apis/scheduling.k8s.io/v1alpha2"):
+            return web.json_response({"kind": "Status", "reason": "NotFound", "details": {}, "code": 404,
+                                      "message": "the server could not find the requested resource"}, status=404)
+        if request.path == "/apis/scheduling.k8s.io/v1beta1":
+            return web.json_response({"kind": "APIResourceList", "resources": [{"name": "podgroups"}]})
+        return web.json_response({"kind": "Status", "reason": "NotFound", "code": 404,
+                                  "message": 'podgroups.scheduling.k8s.io "team" not found',
+                                  "details": {"name": "team", "kind": "podgroups"}}, status=404)
+
+    async def scenario() -> None:
+        async with _answering(answer) as host:
+            await _requests(Kube(aio.ApiClient(aio.Configuration(host=host))))
+
+    async def _requests(kube: Kube) -> None:
+        try:
+            with pytest.raises(NotServed):
+                await kube.get_podgroup("v1alpha2", "ns", "team")
+            with pytest.raises(NotServed):
+                await kube.delete_cluster_object("scheduling.k8s.io/v1alpha2", "things", "x")
+            assert await kube.get_podgroup("v1beta1", "ns", "team") is None
+            assert await kube.served_version("scheduling.k8s.io", "podgroups", ("v1alpha2", "v1beta1")) == "v1beta1"
+        finally:
+            await kube.close()
 
     asyncio.run(scenario())

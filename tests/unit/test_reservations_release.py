@@ -12,9 +12,10 @@ import pytest
 
 from claimwarden import projections
 from claimwarden.cache import Cache
-from claimwarden.kube.errors import ApiError
+from claimwarden.kube.errors import ApiError, NotServed
 from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from claimwarden.reservations.controller import DeletedPods, ReservationsController
+from claimwarden.workqueue import Requeue
 
 NS = "ns"
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "d", "pool": "n1", "device": "gpu-0"}]}}
@@ -51,10 +52,13 @@ class FakeKube:
     """Answers reads from `objects`, records every call, and refuses the next writes listed in `refuse`."""
 
     def __init__(self, *, pods: dict[str, dict[str, Any] | None] | None = None,
-                 claim: dict[str, Any] | None = None, podgroup: dict[str, Any] | None = None) -> None:
+                 claim: dict[str, Any] | None = None, podgroup: dict[str, Any] | None = None,
+                 served: dict[str, dict[str, Any] | None] | None = None) -> None:
         self.pods = pods or {}
         self.claim = claim
         self.podgroup = podgroup
+        # PodGroup version -> the PodGroup there; other versions are not served. None: every version is.
+        self.served = served
         self.calls: list[tuple[str, Any]] = []
         self.refuse: list[ApiError] = []
 
@@ -79,7 +83,15 @@ class FakeKube:
 
     async def get_podgroup(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get_podgroup", name))
-        return self.podgroup
+        if self.served is None:
+            return self.podgroup
+        if version not in self.served:
+            raise NotServed("NotFound", "the server could not find the requested resource")
+        return self.served[version]
+
+    async def served_version(self, group: str, plural: str, versions: tuple[str, ...]) -> str | None:
+        self.calls.append(("get_discovery", (group, plural)))
+        return next((v for v in versions if v in (self.served or {})), None)
 
     async def patch_claim_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         self._write("patch_claim_status", ops)
@@ -227,6 +239,33 @@ def test_a_podgroup_reservation_is_dropped_only_after_a_live_read() -> None:
     assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim_status", "patch_claim"]
 
 
+def test_a_podgroup_version_no_longer_served_releases_nothing_and_is_looked_up_again() -> None:
+    """Started at v1beta1; the server now serves PodGroups at v1alpha3 only (an upgrade, a --runtime-config
+    change). Its 404 for v1beta1 says nothing about the PodGroup: nothing is written, the claim is planned
+    again at the version served now, and only a PodGroup gone at that version is released."""
+    cached = claim(reserved=[GROUP_ENTRY], generated=False)
+    live = {"metadata": {"name": "team", "namespace": NS, "uid": "pg-uid"}, "spec": {}}
+    for podgroup_now, writes in ((live, []), (None, ["patch_claim_status", "patch_claim"])):
+        kube = FakeKube(served={"v1alpha3": podgroup_now})
+        reservations = controller(kube, cached_claim=cached, podgroups=True)  # its watch at v1beta1 is dead
+        with pytest.raises(Requeue):
+            reconcile(reservations)
+        assert kube.writes() == []
+        assert reservations.podgroup_version == "v1alpha3"
+        reconcile(reservations)
+        assert [call for call, _ in kube.writes()] == writes
+
+
+def test_podgroups_served_at_no_version_any_more_keep_their_reservations() -> None:
+    kube = FakeKube(served={})
+    reservations = controller(kube, cached_claim=claim(reserved=[GROUP_ENTRY], generated=False), podgroups=True)
+    with pytest.raises(Requeue):
+        reconcile(reservations)
+    assert reservations.podgroup_version is None
+    reconcile(reservations)
+    assert kube.writes() == []
+
+
 def test_deleted_pods_are_remembered_up_to_the_limit_oldest_forgotten_first() -> None:
     deleted = DeletedPods(size=2)
     for uid in ("a", "b", "a", "c", ""):
@@ -239,7 +278,6 @@ def test_a_claim_released_a_moment_ago_waits_before_its_next_release() -> None:
     """Each write's echo queues the claim again at once: the next release of a shared claim waits out
     RELEASE_SPACING, so pods leaving one by one cost a write per second, not one per round trip."""
     from claimwarden.reservations import controller as module
-    from claimwarden.workqueue import Requeue
 
     kube = FakeKube()
     shared = claim(reserved=[reservation("uid-1", "p"), reservation("uid-2", "q"), reservation("uid-3", "r")],
@@ -259,3 +297,21 @@ def test_a_claim_released_a_moment_ago_waits_before_its_next_release() -> None:
     delay = asyncio.run(twice())
     assert 0 < delay <= module.RELEASE_SPACING
     assert [call for call, _ in kube.writes()] == ["patch_claim_status"]
+
+
+def test_a_foreign_finalizer_before_delete_protection_costs_one_read_not_a_wrong_removal() -> None:
+    """The cached claim keeps only the finalizers claimwarden reads (projections.py), so the index of
+    delete-protection in it is wrong when another finalizer comes first: the patch's test op fails, and
+    the claim is read once and patched at the index of the live object."""
+    full = claim(reserved=[], generated=False)
+    full["metadata"]["finalizers"] = ["example.com/keep", DELETE_PROTECTION_FINALIZER]
+    full["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    del full["status"]["allocation"]  # unreserved and deallocated: only its finalizer is left to remove
+    kube = FakeKube(claim=full)
+    kube.refuse = [ApiError(422, "Invalid", "testing value /metadata/finalizers/0 failed")]
+    reconcile(controller(kube, cached_claim=full))
+    (first, first_ops), (read, _), (second, second_ops) = kube.calls
+    assert (first, read, second) == ("patch_claim", "get_claim", "patch_claim")
+    assert first_ops[1] == {"op": "test", "path": "/metadata/finalizers/0", "value": DELETE_PROTECTION_FINALIZER}
+    assert second_ops[1:] == [{"op": "test", "path": "/metadata/finalizers/1", "value": DELETE_PROTECTION_FINALIZER},
+                              {"op": "remove", "path": "/metadata/finalizers/1"}]

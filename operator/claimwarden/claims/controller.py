@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import metrics
+from .. import metrics, projections
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
@@ -54,6 +54,14 @@ def with_recent(cached: list[Body], recents: dict[str, dict[str, tuple[float, Bo
         recents.pop(owner_uid, None)
     return list(owned.values())
 APPLIED_FRESH = 10.0
+
+
+async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
+                             names: set[str]) -> dict[str, Body | None]:
+    """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
+    in memory (`projections.is_trimmed`) read by name (None when gone meanwhile)."""
+    return {name: await kube.get_template(namespace, name) if projections.is_trimmed(templates[name])
+            else templates[name] for name in sorted(names)}
 
 
 class ClaimRetry(Retry):
@@ -146,11 +154,17 @@ class ClaimsController:
             fresh = await self.kube.get_pod(namespace, name)
             if fresh is None or fresh["metadata"].get("uid") != uid or is_being_deleted(fresh):
                 return  # gone (or going): its DELETED event has not reached the cache yet
+        sources = await complete_templates(self.kube, namespace, templates, {c.template_name for c in pod_plan.create})
         failures: list[str] = []
         recorded = {r.pod_claim_name: r.claim_name for r in pod_plan.record}
         for create in pod_plan.create:
+            template = sources[create.template_name]
+            if template is None:
+                failures.append(f"PodResourceClaim {create.pod_claim_name}: "
+                                f"{plan.missing_template_message(create.template_name)}")
+                continue
             try:
-                created = await self._create(pod, create, templates[create.template_name])
+                created = await self._create(pod, create, template)
             except ApiError as exc:
                 metrics.CLAIM_CREATIONS.labels("failure").inc()
                 failures.append(f"PodResourceClaim {create.pod_claim_name}: create ResourceClaim: {exc.message}")
@@ -200,7 +214,7 @@ class ClaimsController:
         created = await self.kube.create_claim(namespace, body)
         metrics.CLAIM_CREATIONS.labels("success").inc()
         name = created["metadata"]["name"]
-        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), created)
+        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), projections.claim(created))
         log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
                  pod["metadata"]["name"], name, create.template_name,
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))

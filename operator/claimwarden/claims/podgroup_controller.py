@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Hashable
 from typing import cast
 
-from .. import metrics
+from .. import metrics, projections
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..workqueue import Retry, WorkQueue
 from . import podgroups
-from .controller import FAILED_CREATION, with_recent
+from .controller import FAILED_CREATION, complete_templates, with_recent
 
 log = logging.getLogger("claimwarden.podgroups")
 
@@ -77,11 +77,17 @@ class PodGroupsController:
                 templates[template_name] = template
 
         group_plan = podgroups.plan_podgroup(podgroup, claims, owned, templates)
+        sources = await complete_templates(self.kube, namespace, templates,
+                                           {c.template_name for c in group_plan.create})
         recorded = {r.entry_name: r.claim_name for r in group_plan.record}
         failures = [f"PodGroupResourceClaim {p.entry_name}: {p.message}" for p in group_plan.problems]
         for create in group_plan.create:
-            body = podgroups.build_podgroup_claim(podgroup, create.entry_name, templates[create.template_name],
-                                                  self.api_version)
+            template = sources[create.template_name]
+            if template is None:
+                failures.append(f"PodGroupResourceClaim {create.entry_name}: "
+                                f"{podgroups.missing_template_message(create.template_name)}")
+                continue
+            body = podgroups.build_podgroup_claim(podgroup, create.entry_name, template, self.api_version)
             try:
                 created = await self.kube.create_claim(namespace, body)
             except ApiError as exc:
@@ -90,7 +96,7 @@ class PodGroupsController:
                 continue
             metrics.CLAIM_CREATIONS.labels("success").inc()
             claim_name = created["metadata"]["name"]
-            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), created)
+            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), projections.claim(created))
             recorded[create.entry_name] = claim_name
             log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
                      claim_name, create.template_name, create.entry_name)

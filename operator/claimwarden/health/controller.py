@@ -84,7 +84,8 @@ class HealthController:
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
-        self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api)
+        self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api,
+                                                  self.quarantine.taint_rule_api_gone)
         self.wave = Wave(lambda: self.evictions.queue.busy)
         self._memory: dict[str, RecordMemory] = {}
         # record -> (resourceVersion our last status write returned, the status it wrote).

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..cache import Body, Cache
 from ..kube.api import Kube
-from ..kube.errors import ApiError
+from ..kube.errors import ApiError, NotServed
 from ..podclaims import is_allocated
 from . import plan, records
 from .records import DeviceRef
@@ -144,6 +144,13 @@ class Quarantine:
         version = await self.taint_rule_api()
         if not version:
             return ""
+        try:
+            return await self._sync_taint_rule(version, record, needed=needed, defer=defer)
+        except NotServed:
+            self.taint_rule_api_gone(version)
+            raise
+
+    async def _sync_taint_rule(self, version: str, record: Body, *, needed: bool, defer: bool) -> str:
         api = f"resource.k8s.io/{version}"
         record_name = record["metadata"]["name"]
         rule_name = plan.device_taint_rule_name(record)
@@ -191,10 +198,27 @@ class Quarantine:
         it, but only once the collector watches the records' CRD (it finds new CRDs every 30 s)."""
         self._rules.pop(record_name, None)
         version = await self.taint_rule_api()
-        if version and await self.kube.delete_cluster_object(
+        if not version:
+            return
+        try:
+            deleted = await self.kube.delete_cluster_object(
                 f"resource.k8s.io/{version}", "devicetaintrules",
-                plan.device_taint_rule_name({"metadata": {"name": record_name}})):
+                plan.device_taint_rule_name({"metadata": {"name": record_name}}))
+        except NotServed:
+            self.taint_rule_api_gone(version)
+            raise
+        if deleted:
             log.info("DeviceTaintRule of record %s deleted", record_name)
+
+    def taint_rule_api_gone(self, version: str) -> None:
+        """The server stopped serving DeviceTaintRule at `version` (an upgrade): nothing is known of the
+        rules any more, and the served version is asked again on the next call (the caller retries)."""
+        if not self._taint_rule_checked or self._taint_rule_version != version:
+            return  # already looked up again
+        log.warning("DeviceTaintRule is no longer served as resource.k8s.io/%s; looking for the served version",
+                    version)
+        self._taint_rule_checked = False
+        self._rules.clear()
 
     async def taint_rule_api(self) -> str | None:
         """The served version of DeviceTaintRule (asked once), or None."""

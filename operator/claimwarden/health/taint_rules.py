@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..kube.api import Kube
+from ..kube.errors import NotServed
 
 log = logging.getLogger("claimwarden.health")
 INTERVAL = 15.0
@@ -35,9 +36,13 @@ def selects_every_device(rule: dict[str, Any]) -> bool:
 class UnselectiveRules:
     """The count of DeviceTaintRules selecting every device; None where the API is not served (yet)."""
 
-    def __init__(self, kube: Kube, served_version: Callable[[], Awaitable[str | None]]) -> None:
+    def __init__(self, kube: Kube, served_version: Callable[[], Awaitable[str | None]],
+                 not_served: Callable[[str], None] = lambda _version: None) -> None:
+        """`not_served(version)`: the server answered that it does not serve the rules at `version` (an
+        upgrade dropped it), so `served_version` should look again."""
         self.kube = kube
         self.served_version = served_version
+        self.not_served = not_served
         self.count: int | None = None
         self.names: list[str] = []
 
@@ -46,7 +51,11 @@ class UnselectiveRules:
         if not version:
             self.count = None
             return
-        rules = await self.kube.list_cluster_objects(f"resource.k8s.io/{version}", "devicetaintrules")
+        try:
+            rules = await self.kube.list_cluster_objects(f"resource.k8s.io/{version}", "devicetaintrules")
+        except NotServed:
+            self.not_served(version)
+            raise
         names = sorted(r["metadata"]["name"] for r in rules if selects_every_device(r))
         if names and names != self.names:
             log.warning("DeviceTaintRule(s) %s select every device in the cluster (no deviceSelector fields)",

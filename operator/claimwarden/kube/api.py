@@ -38,7 +38,7 @@ import orjson
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
-from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader
+from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
 from .login import aio_configuration
 
 log = logging.getLogger("claimwarden.kube")
@@ -160,7 +160,8 @@ class Kube:
         """One raw request; bodies stay dicts so no field is lost to a client model.
 
         Every write asks the `fence` before it waits for anything and again right before each send, except
-        with `unfenced` (the lease itself).
+        with `unfenced` (the lease itself). `allow_missing`: None when the object is missing; a 404 for a
+        resource the server does not serve still raises (`NotServed`, kube/errors.py).
         """
         fenced = method != "GET" and not unfenced
         self._time_for(fenced, method, path)  # a write refused now waits for nothing first
@@ -233,9 +234,10 @@ class Kube:
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS: the apiserver restarting, say
             raise ApiUnreachable(method, path, exc) from None
         if raw.status >= 400:
-            if allow_missing and raw.status == 404:
+            error = ApiError.from_response(raw.status, payload.decode("utf-8", "replace"), raw.headers)
+            if allow_missing and error.not_found:  # a NotServed 404 is raised: it says nothing of the object
                 return None
-            raise ApiError.from_response(raw.status, payload.decode("utf-8", "replace"), raw.headers)
+            raise error
         result: Body = orjson.loads(payload) if payload else {}
         return result
 
@@ -293,7 +295,11 @@ class Kube:
                                                "status"), body,
                                 query={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
 
-    # --- resource claims --------------------------------------------------------------------
+    # --- resource claims and templates ------------------------------------------------------
+
+    async def get_template(self, namespace: str, name: str) -> Body | None:
+        return await self.request("GET", _path(RESOURCE, namespace, "resourceclaimtemplates", name),
+                                  allow_missing=True)
 
     async def get_claim(self, namespace: str, name: str) -> Body | None:
         return await self.request("GET", _path(RESOURCE, namespace, "resourceclaims", name), allow_missing=True)
@@ -392,7 +398,10 @@ class Kube:
     async def served_version(self, group: str, plural: str, versions: tuple[str, ...]) -> str | None:
         """The first of ``versions`` under which the API server serves ``group``/``plural``."""
         for version in versions:
-            listing = await self.request("GET", f"/apis/{group}/{version}", allow_missing=True)
+            try:
+                listing = await self.request("GET", f"/apis/{group}/{version}")
+            except NotServed:
+                continue
             if listing and any(r.get("name") == plural for r in listing.get("resources") or []):
                 return version
         return None

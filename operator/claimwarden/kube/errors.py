@@ -9,6 +9,16 @@ Two different refusals share HTTP 429:
   still being processed;
 - API Priority and Fairness (or max-in-flight) shedding load: a plain-text body "Too many
   requests, please try again later." with a ``Retry-After`` header, no Status and no cause.
+
+Two different answers share HTTP 404 (bodies recorded from kube-apiserver v1.37.2, in
+tests/unit/test_kube_errors.py):
+
+- the object is missing: a Status with reason ``NotFound`` whose ``details`` name it
+  (``{"name": "x", "group": "scheduling.k8s.io", "kind": "podgroups"}``);
+- the server does not serve the resource at that group and version (a version an upgrade or a
+  ``--runtime-config`` change dropped, a CRD not installed): a Status "the server could not find
+  the requested resource" with empty ``details``, or plain text "404 page not found". That says
+  nothing about the object, so it is `NotServed`, never "missing".
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ class ApiError(Exception):
         except ValueError:
             data = None
         if not isinstance(data, dict):
+            if status == 404:
+                return NotServed("", text.strip()[:500])
             return cls(status, "", text.strip()[:500], retry_after=retry_after)
         details = data.get("details")
         if not isinstance(details, dict):
@@ -48,12 +60,15 @@ class ApiError(Exception):
                        if isinstance(c, dict))
         if retry_after is None:
             retry_after = _seconds(details.get("retryAfterSeconds"))
-        return cls(status, str(data.get("reason", "")), str(data.get("message", "")), causes=causes,
-                   retry_after=retry_after)
+        reason, message = str(data.get("reason", "")), str(data.get("message", ""))
+        if status == 404 and not (reason == "NotFound" and details.get("name")):
+            return NotServed(reason, message)
+        return cls(status, reason, message, causes=causes, retry_after=retry_after)
 
     @property
     def not_found(self) -> bool:
-        return self.status == 404
+        """The object the request named does not exist (a 404 whose Status names it; not `NotServed`)."""
+        return self.status == 404 and not isinstance(self, NotServed)
 
     @property
     def conflict(self) -> bool:
@@ -73,6 +88,14 @@ class ApiError(Exception):
     def throttled(self) -> bool:
         """A 429 that is not about a budget: the API server shedding load (API Priority and Fairness)."""
         return self.status == 429 and not self.disruption_budget
+
+
+class NotServed(ApiError):
+    """HTTP 404 for the resource, not the object: the server does not serve that group, version and
+    resource now. Nothing may be concluded about the object; the served version may be looked up again."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(404, reason, message or "the server could not find the requested resource")
 
 
 class NotLeader(ApiError):

@@ -12,7 +12,10 @@ writes, as upstream's resourceclaim controller does:
 - The claim is not read again before writing: every write carries the cached resourceVersion (a
   JSON patch ``test`` op, a delete precondition). If the claim changed meanwhile the write fails
   (422 or 409); the claim is then read once and the plan made again on the fresh copy.
-- A PodGroup reservation is dropped only after a live GET of the PodGroup confirms it is gone.
+- A PodGroup reservation is dropped only after a live GET of the PodGroup confirms it is gone. A GET
+  the server answers with "not served" (the PodGroup version found at start-up was dropped by an
+  upgrade or a --runtime-config change) confirms nothing: the claim is left as it is, the served
+  version is looked up again, and the claim is planned again at that version.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from typing import Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
+from ..claims import podgroups
 from ..claims.podgroups import is_podgroup_reservation, podgroup_view
 from ..kube.api import Kube
-from ..kube.errors import ApiError
+from ..kube.errors import ApiError, NotServed
 from ..podclaims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
@@ -43,6 +47,7 @@ from . import plan
 log = logging.getLogger("claimwarden.reservations")
 HELD_RECHECK = 1.0  # seconds before a release that was held is looked at again
 RELEASE_GATHER = 1.0  # seconds a shared claim's release waits for more of its pods to go
+PODGROUP_REDISCOVERED = 1.0  # seconds before a claim is planned again at the PodGroup version served now
 RELEASE_SPACING = 1.0
 """Seconds at least between two releases of one claim. Every write's echo (and the scheduler's updates)
 queues the claim at once, so without it a claim whose 256 pods go over some seconds is patched once per
@@ -189,8 +194,23 @@ class ReservationsController:
         """From the cache, or a live GET when asked to or when the cache does not have it (it may be too new)."""
         podgroup = None if live else self.cache.podgroup(namespace, name)
         if podgroup is None and self.podgroup_version is not None:
-            podgroup = await self.kube.get_podgroup(self.podgroup_version, namespace, name)
+            try:
+                podgroup = await self.kube.get_podgroup(self.podgroup_version, namespace, name)
+            except NotServed:
+                await self._rediscover_podgroup_version()
+                raise Requeue(PODGROUP_REDISCOVERED, "PodGroup version looked up again") from None
         return podgroup_view(podgroup)
+
+    async def _rediscover_podgroup_version(self) -> None:
+        """The server no longer serves PodGroups at `podgroup_version`: take the version it serves now,
+        or None (PodGroup reservations are then kept, as on a cluster without PodGroups)."""
+        old = self.podgroup_version
+        self.podgroup_version = await self.kube.served_version(podgroups.GROUP, podgroups.PLURAL, podgroups.VERSIONS)
+        if self.podgroup_version != old:
+            found = (f"reads them at {podgroups.GROUP}/{self.podgroup_version} now" if self.podgroup_version
+                     else "serves them at no version claimwarden knows: their reservations are kept")
+            log.warning("PodGroups are no longer served at %s/%s; the server %s (restart claimwarden to "
+                        "watch them again)", podgroups.GROUP, old, found)
 
     async def _pod_view(self, namespace: str, name: str, uids: set[str], *,
                         confirm_missing: bool = True) -> dict[str, Any] | None:
