@@ -169,10 +169,22 @@ def measure(contender: str, *, pods: int, say: Say, pods_per_device: int = 1,
             with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
                 return _run(api, contender, state, layout, say, operator=operator, profile=profile)
         finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(30)
-            cluster.down(directory, say=lambda _: None)
+            try:
+                if operator is not None:
+                    _stop(operator, say)
+            finally:
+                cluster.down(directory, say=lambda _: None)
+
+
+def _stop(operator: subprocess.Popen[bytes], say: Say) -> None:
+    """SIGTERM, and SIGKILL after 30 s (reported: a pod would have been killed too), so the lab always goes."""
+    operator.terminate()
+    try:
+        operator.wait(30)
+    except subprocess.TimeoutExpired:
+        say("claimwarden did not stop within 30 s of SIGTERM (a pod's grace period): killed")
+        operator.kill()
+        operator.wait()
 
 
 def _start_claimwarden(kubectl: list[str], state: cluster.LabState, tmp: Path, extra: list[str],

@@ -142,8 +142,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                           "(default: %(default)s)")
     run.add_argument("--kube-api-burst", type=_burst, default=None, metavar="N",
                      help="requests that may go out at once under --kube-api-qps (default: twice the QPS)")
-    run.add_argument("--workers", type=_workers, default=8,
-                     help="concurrent workers per controller queue (default: %(default)s)")
+    run.add_argument("--workers", type=_workers, default=50,
+                     help="concurrent workers per controller queue, as kube-controller-manager's resourceclaim "
+                          "controller runs (default: %(default)s)")
     run.add_argument("--leader-elect", type=_boolean, default=True, metavar="true|false",
                      help="elect a leader through a Lease in --namespace, so that several replicas can run; "
                           "false runs the controllers at once, alone (default: true)")

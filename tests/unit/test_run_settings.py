@@ -25,7 +25,7 @@ def test_the_defaults_are_those_of_the_flags() -> None:
     assert (settings.metrics_address, settings.metrics_port) == ("0.0.0.0", 9090)
     assert (settings.resync_seconds, settings.metrics_cache_seconds) == (300.0, 5.0)
     assert (settings.request_timeout, settings.api_qps, settings.api_burst) == (30.0, 0.0, 1)
-    assert settings.workers == 8
+    assert settings.workers == 50
     assert settings.election is not None and settings.election.namespace == "claimwarden-system"
     assert (settings.election.lease_seconds, settings.election.renew_deadline_seconds,
             settings.election.retry_seconds) == (15, 10.0, 2.0)
