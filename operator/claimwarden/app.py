@@ -39,7 +39,7 @@ from .claims.podgroup_controller import PodGroupsController
 from .health import records
 from .health.controller import HealthController, HealthSettings
 from .health.plan import is_quarantine_claim
-from .kube.api import Kube
+from .kube.api import CONNECTION_POOL, Kube
 from .kube.login import client_configuration, connection_info
 from .leader.elector import ElectionSettings, Elector
 from .podclaims import (
@@ -373,7 +373,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     kube = await Kube.connect(run_settings.kubeconfig, in_cluster() and not run_settings.kubeconfig,
                               request_timeout=run_settings.request_timeout,
                               user_agent=f"claimwarden/{__version__} ({identity})",
-                              qps=run_settings.api_qps, burst=run_settings.api_burst)
+                              qps=run_settings.api_qps, burst=run_settings.api_burst,
+                              # The claims' workers and the evictions' at once, each with its request.
+                              connections=max(CONNECTION_POOL, run_settings.workers + run_settings.health.workers))
     runtime = Runtime(cache=cache, kube=kube, workers_per_queue=run_settings.workers,
                       resync_seconds=run_settings.resync_seconds, kopf_state=memo.kopf_state)
     if "claims" in run_settings.controllers:
@@ -411,12 +413,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     else:
         # The lease gets connections of its own: behind a burst of evictions and records (64 workers on 32
         # pooled connections) a renewal once waited past the lease duration and fenced every write.
+        # A renewal answered after the renew deadline leaves the leader no time to write: it gives up then.
         lease_kube = await Kube.connect(run_settings.kubeconfig, in_cluster() and not run_settings.kubeconfig,
-                                        request_timeout=run_settings.request_timeout,
+                                        request_timeout=min(run_settings.request_timeout,
+                                                            run_settings.election.renew_deadline_seconds),
                                         user_agent=f"claimwarden/{__version__} ({identity})")
         runtime.elector = Elector(lease_kube, run_settings.election, on_started=runtime.lead, on_lost=lost_lease)
         kube.fence = runtime.elector.write_time_left
-        runtime.background.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
+        runtime.election = asyncio.create_task(runtime.elector.run(), name="leader-election")
 
     if "metrics" in run_settings.controllers:
         # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The

@@ -59,6 +59,8 @@ class Runtime:
     reservations: ReservationsController | None = None
     health: HealthController | None = None
     elector: Elector | None = None
+    election: asyncio.Task[None] | None = None
+    """The elector's loop: kept renewing through a drain (the fence then still lets the last writes out)."""
     leading: bool = False
     """Only the leader's events reach the queues, and only the leader's workers run."""
     loops: list[tuple[WorkQueue, Reconcile, int]] = field(default_factory=list)
@@ -139,7 +141,9 @@ class Runtime:
 
     async def drain(self) -> None:
         """Let every worker finish the key in hand (an eviction and its bookkeeping are one step), then
-        cancel what is still running after the grace period; then hand the lease back."""
+        cancel what is still running after the grace period; write what lives only in memory; then stop
+        renewing the lease and hand it back. The lease is renewed until then: a leader's writes are fenced
+        to the renew deadline after its last renewal, which a drain and a flush together may outlast."""
         for task in self.background:
             task.cancel()
         for queue, workers in self.queues:
@@ -156,6 +160,10 @@ class Runtime:
                 await self.health.flush()
             except Exception as exc:
                 log.warning("writing the eviction counts at shutdown failed: %s", exc)
+        if self.election is not None:
+            self.election.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.election
         if self.elector is not None:
             await self.elector.release()
 

@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from . import metrics
-from .kube.errors import ApiError
+from .kube.errors import ApiError, NotLeader
 
 log = logging.getLogger("claimwarden.workqueue")
+FENCED_RETRY = 2.0  # seconds before a key whose write the leader's fence refused is tried again (a retry period)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,12 @@ async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
             metrics.RECONCILE_TOTAL.labels(queue.name, "requeue").inc()
             queue.forget(key)
             queue.add_after(key, again.delay)
+        except NotLeader as exc:
+            # The fence was shut (a renewal late, or the lease lost): not the key's failure, so no back-off
+            # that would outlast the next renewal; a replica that lost the lease exits anyway.
+            metrics.RECONCILE_TOTAL.labels(queue.name, "requeue").inc()
+            log.debug("%s: %s waits for the fence: %s", queue.name, key, exc)
+            queue.add_after(key, FENCED_RETRY)
         except Exception as exc:
             metrics.RECONCILE_TOTAL.labels(queue.name, "error").inc()
             delay = queue.retry(key)

@@ -18,13 +18,18 @@ REF = DeviceRef(DRIVER, "n0", "gpu-0")
 class FakeKube:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any]] = []
+        self.refuse: Exception | None = None
+        self.preconditions: dict[str, Any] = {}
 
     async def merge_patch_cluster_object(self, api: str, plural: str, name: str, body: Any, **_: Any) -> Any:
         self.calls.append(("patch", name, body))
         return {"metadata": {"name": name, "resourceVersion": "11"}}
 
-    async def delete_cluster_object(self, api: str, plural: str, name: str, **_: Any) -> None:
+    async def delete_cluster_object(self, api: str, plural: str, name: str, **preconditions: Any) -> None:
         self.calls.append(("delete", name, None))
+        self.preconditions = preconditions
+        if self.refuse is not None:
+            raise self.refuse
 
     async def create_cluster_object(self, api: str, plural: str, body: Any) -> Any:
         self.calls.append(("create", body["metadata"]["name"], body))
@@ -104,3 +109,19 @@ def test_a_mark_removed_before_the_cache_has_the_new_label_still_clears_the_reco
     slices.update({key: [value] for key, value in unmarked.items()})
     asyncio.run(marks.reconcile("n0-new"))  # the cache still has the record at resourceVersion 10, labelled n0-old
     assert kube.calls[-1] == ("delete", record_name(REF), None)
+
+
+def test_a_record_cleared_is_deleted_only_as_planned_and_planned_again_if_it_changed() -> None:
+    """Another slice of the pool may take the record over meanwhile (50 slice workers at once)."""
+    from claimwarden.kube.errors import ApiError
+
+    marks, kube = _marks([_slice("n0-new")], [_record("n0-new")])
+    kube.refuse = ApiError(409, "Conflict", "Precondition failed: ResourceVersion in precondition: 10")
+
+    async def run() -> list[Any]:
+        await marks.reconcile("n0-new")
+        await asyncio.sleep(0.6)
+        return [await marks.queue.get() for _ in range(len(marks.queue))]
+
+    assert asyncio.run(run()) == ["n0-new"], "planned again"
+    assert kube.preconditions == {"uid": "r-uid", "resource_version": "10"}

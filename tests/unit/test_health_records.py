@@ -461,6 +461,14 @@ def test_slices_of_other_pools_or_drivers_do_not_keep_a_record() -> None:
     assert plan_slice(make_slice({}), {name: record}, [other_pool, other_driver]).delete == (name,)
 
 
+def test_a_stray_mark_on_a_slice_that_does_not_list_the_device_does_not_take_the_record() -> None:
+    """Passed to such a slice, the record would never be cleared: that slice skips devices it does not list."""
+    name, record = existing("gpu-0")
+    here = make_slice({})
+    stray = make_slice({mark("gpu-0"): "broken"}, name="slice-s", devices=("gpu-1",))
+    assert plan_slice(here, {name: record}, [here, stray]).delete == (name,)
+
+
 def test_a_manual_record_is_never_relabelled() -> None:
     name, record = existing("gpu-0", source="manual", slice_name="slice-a")
     assert plan_slice(make_slice({mark("gpu-0"): "ECC"}, name="slice-b"), {name: record}) == SliceSync()

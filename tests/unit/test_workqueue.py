@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Hashable
 
 import pytest
@@ -150,3 +151,34 @@ def test_a_cancelled_reconcile_requeues_a_key_added_meanwhile_exactly_once() -> 
         assert len(queue) == 0, "the key was queued a second time"
 
     asyncio.run(scenario())
+
+
+def test_a_write_the_fence_refused_is_tried_again_after_a_retry_period_without_back_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader whose renewal came late refuses writes for a moment: no failure counted, no back-off."""
+    from claimwarden import workqueue
+    from claimwarden.kube.errors import NotLeader
+
+    monkeypatch.setattr(workqueue, "FENCED_RETRY", 0.05)
+    seen: list[float] = []
+    failures: list[int] = []
+
+    async def scenario() -> None:
+        queue = WorkQueue("test-fenced", base_delay=5.0)
+
+        async def reconcile(key: Hashable) -> None:
+            seen.append(time.monotonic())
+            failures.append(queue.failures(key))
+            if len(seen) < 3:
+                raise NotLeader("PATCH", "/claims/c")
+
+        workers = asyncio.create_task(run_workers(queue, reconcile, 1))
+        queue.add("a")
+        await asyncio.sleep(0.5)
+        workers.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await workers
+
+    asyncio.run(scenario())
+    assert len(seen) == 3, "tried again twice, well within the 5 s back-off an error would have cost"
+    assert failures == [0, 0, 0]

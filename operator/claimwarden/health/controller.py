@@ -67,6 +67,9 @@ class RecordMemory:
 
     holders: set[str] = field(default_factory=set)
     """The other claims allocated the device when the record was last reconciled."""
+    exclusive: set[str] | None = None
+    """Those of them that kube-scheduler counted as allocating it (None after a restart: the status does
+    not say, and all holders count then)."""
 
 
 class HealthController:
@@ -306,7 +309,10 @@ class HealthController:
                                        podgroup_members=self.cache.pods_in_podgroup)
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
-        released = memory.holders - holders
+        # Only a claim that kept the device allocated in kube-scheduler's eyes makes the quarantine claim be
+        # asserted again when it goes: an admin-access holder (a diagnostics pod) was never counted.
+        exclusive = set(record_plan.exclusive_holders)
+        released = (memory.exclusive if memory.exclusive is not None else memory.holders) - exclusive
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
         approved = breaker.approved_by(record)
@@ -321,7 +327,7 @@ class HealthController:
         await self._note_breaker(decision, record)
         quarantine = await self.quarantine.sync(record, ref, needed=record_plan.quarantine_needed,
                                                 held=bool(record_plan.exclusive_holders), released=bool(released))
-        memory.holders = holders
+        memory.holders, memory.exclusive = holders, exclusive
         # The rule waits for evictions under way, not for ones held back, and not for long.
         blocked = self.evictions.blocked(name)
         defer_rule = evicting_now and not blocked and \

@@ -382,6 +382,7 @@ class Evictions:
         pending = [name for name in self.counts.unsaved() if name in self._evicted]
         writers = asyncio.Semaphore(FLUSH_WRITERS)
         written = 0
+        refused: list[ApiError] = []  # reported in one line: a lost fence refuses them all
 
         async def write(name: str) -> None:
             nonlocal written
@@ -394,7 +395,7 @@ class Evictions:
                                                                subresource="status")
                 except ApiError as exc:
                     if not exc.not_found:
-                        log.warning("could not store the eviction count of record %s: %s", name, exc)
+                        refused.append(exc)
                     return
             self.counts_written(name, version)
             written += 1
@@ -408,6 +409,9 @@ class Evictions:
             if late:
                 log.warning("shutting down: %d of %d records' eviction counts not written within %.0f s (the next "
                             "leader counts from the records' status)", len(pending) - written, len(pending), timeout)
+        if refused:
+            log.warning("shutting down: %d records' eviction counts could not be stored (first: %s)",
+                        len(refused), refused[0])
         await self.events.drain(max(deadline - time.monotonic(), 0.0))
 
 

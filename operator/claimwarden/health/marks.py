@@ -16,6 +16,7 @@ from ..kube.errors import ApiError
 from ..workqueue import WorkQueue
 from . import records
 
+CHANGED_RETRY = 0.5  # seconds before a slice whose record changed under its plan is planned again
 log = logging.getLogger("claimwarden.health")
 
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
@@ -82,7 +83,18 @@ class Marks:
             self._labels_written[record_name] = (resource_version(result), label)
             log.info("slice %s: record %s now follows the mark on slice %s", name, record_name, target)
         for record_name in sync.delete:
-            await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name)
+            # Pinned to the record as planned: another slice of the pool may have taken it over meanwhile
+            # (follow_marks), and that slice's mark must keep it. Planned again on the fresh record if so.
+            meta = existing[record_name]["metadata"]
+            try:
+                await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name, uid=meta.get("uid"),
+                                                      resource_version=meta.get("resourceVersion"))
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+                log.info("slice %s: record %s changed since it was planned; planning again", name, record_name)
+                self.queue.add_after(name, CHANGED_RETRY)
+                continue
             log.info("slice %s: record %s cleared (annotation removed)", name, record_name)
 
     def _records_of_devices(self, slice_: Body) -> list[Body]:

@@ -423,8 +423,9 @@ def slice_label(record: dict[str, Any]) -> str:
 
 
 def annotated_devices(slice_: dict[str, Any]) -> set[str]:
-    """The devices the slice has an annotation of ours for, valid or not."""
-    return {marked_device(key) or "" for key in marked_annotations(slice_)}
+    """The devices the slice lists and has an annotation of ours for, valid or not (an annotation for a
+    device the slice does not list marks nothing: a record passed to that slice would never be cleared)."""
+    return {marked_device(key) or "" for key in marked_annotations(slice_)} & set(slice_devices(slice_))
 
 
 def follow_marks(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]],

@@ -130,10 +130,11 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
                       request_timeout: float = REQUEST_TIMEOUT, user_agent: str = FIELD_MANAGER,
-                      qps: float = UNLIMITED, burst: int = 1) -> Kube:
+                      qps: float = UNLIMITED, burst: int = 1, connections: int = CONNECTION_POOL) -> Kube:
+        """`connections`: at most this many requests at once (HTTP/1.1: one connection each)."""
         async def reload() -> Credentials:
             configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
-            configuration.connection_pool_maxsize = CONNECTION_POOL
+            configuration.connection_pool_maxsize = connections
             # kubernetes.aio's session trusts the environment, and aiohttp then looks up the proxy
             # variables and ~/.netrc in a worker thread on every request (two thread hops each, a
             # tenth of the CPU under load). The proxy is looked up once here instead.
@@ -390,9 +391,12 @@ class Kube:
         return await self._must("PATCH", path, patch, query={"fieldManager": FIELD_MANAGER},
                                 content_type=MERGE_PATCH)
 
-    async def delete_cluster_object(self, group_version: str, plural: str, name: str) -> bool:
+    async def delete_cluster_object(self, group_version: str, plural: str, name: str, *, uid: str | None = None,
+                                    resource_version: str | None = None) -> bool:
+        """False when it is gone already. `uid`, `resource_version`: delete only that very version (409 if not)."""
+        preconditions = {key: value for key, value in (("uid", uid), ("resourceVersion", resource_version)) if value}
         result = await self.request("DELETE", f"/apis/{group_version}/{plural}/{quote(name, safe='')}",
-                                    allow_missing=True)
+                                    {"preconditions": preconditions} if preconditions else None, allow_missing=True)
         return result is not None
 
     async def served_version(self, group: str, plural: str, versions: tuple[str, ...]) -> str | None:
