@@ -81,7 +81,8 @@ EVICTION_BREAKER_OPEN = Gauge("claimwarden_eviction_breaker_open", "1 while the 
                               "open: its NoExecute marks would evict, together with the evictions of the last "
                               "window, more pods than the limit.", ["driver"], registry=REGISTRY)
 EVICTIONS_DEFERRED = Counter("claimwarden_evictions_deferred_total", "Evictions held back before the Eviction API "
-                             "call, by reason (breaker: the eviction breaker is open and its room is used up; "
+                             "call, by reason (breaker: no room is left in the eviction breaker's window, counted "
+                             "each time a record's pods or one pod right before its call are held back; "
                              "budget: the eviction budget has no token yet).", ["reason"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
