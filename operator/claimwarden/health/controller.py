@@ -322,8 +322,10 @@ class HealthController:
             for eviction in record_plan.evict:
                 self.evictions.schedule(name, eviction, moment)
         else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
-            # Held back before they reached the eviction queue: counted as the queue counts its own.
-            metrics.EVICTIONS_DEFERRED.labels("breaker").inc(len(record_plan.evict))
+            # Held back by an open breaker before they reached the eviction queue: counted as the queue counts
+            # its own (not when evictions in flight only fill the room for a moment: those go on at once).
+            if decision.open:
+                metrics.EVICTIONS_DEFERRED.labels("breaker").inc(len(record_plan.evict))
             self.record_queue.add_after(name, _until_room(decision, moment))
         evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
         await self._note_breaker(decision, record)
