@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .. import metrics
-from ..cache import Body, Cache
+from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
@@ -383,7 +383,7 @@ class HealthController:
         effect = records.record_effect(record)
         status = record.get("status") or {}
         written = self._status_written.get(name)
-        if written is not None and _resource_version(record) <= written[0]:
+        if written is not None and resource_version(record) <= written[0]:
             # The watch has not brought our last write back yet (it lags under load): what was written is the
             # status to build on and compare with. Conditions built on the stale one got a new
             # lastTransitionTime on every lagging event, and each went out again (6.5 writes per record).
@@ -434,7 +434,7 @@ class HealthController:
                 return
             result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
                                                                 {"status": desired}, subresource="status")
-            self._status_written[name] = (_resource_version(result), desired)
+            self._status_written[name] = (resource_version(result), desired)
         self.evictions.counts_written(name, version)
 
     async def flush(self) -> None:
@@ -499,12 +499,6 @@ def _quarantined(effect: str, quarantine: list[str], record_plan: plan.RecordPla
     if record_plan.quarantine_needed:
         return "False", "QuarantinePending", "the quarantine claim is being made"
     return "False", "NotQuarantined", f"effect {effect} does not quarantine"
-
-
-def _resource_version(obj: Body) -> int:
-    """The object's resourceVersion as a number (etcd's revision; 0 when it is not one)."""
-    version = str(obj["metadata"].get("resourceVersion") or "")
-    return int(version) if version.isdigit() else 0
 
 
 def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
