@@ -171,6 +171,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="eviction budget: Eviction API calls per second, 0 means no budget (default: %(default)s)")
     run.add_argument("--eviction-burst", type=_count, default=20,
                      help="eviction budget: calls that may go out at once (default: %(default)s)")
+    run.add_argument("--eviction-retry-qps", type=_qps, default=1.0,
+                     help="eviction budget: calls per second for retries of evictions a PodDisruptionBudget "
+                          "refused, apart from --eviction-qps; 0 means no budget (default: %(default)s)")
     run.add_argument("--eviction-workers", type=_count, default=32,
                      help="evictions (and marked devices' records) handled at once; the breaker and the budget "
                           "still bound what they start (default: %(default)s)")
@@ -219,6 +222,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
         eviction_qps=args.eviction_qps, eviction_burst=max(args.eviction_burst, 1),
+        eviction_retry_qps=args.eviction_retry_qps,
         workers=max(args.eviction_workers, 1))
     return RunSettings(
         controllers=args.controllers, kubeconfig=args.kubeconfig, namespace=args.namespace,

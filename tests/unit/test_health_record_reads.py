@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from claimwarden.health import breaker
-from claimwarden.health.budget import TokenBucket
+from claimwarden.health.budget import FairBudget, TokenBucket
 from claimwarden.health.evictions import Evictions
 from claimwarden.kube.errors import ApiError
 from claimwarden.kube.next_read import NextRead
@@ -112,7 +112,9 @@ def _evictions(kube: _Kube, cache: _Records) -> Evictions:
     async def post(*_: Any) -> None:
         return None
     return Evictions(kube=kube, cache=cache, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
-                     breaker_settings=breaker.Settings(max_fraction=1.0), budget=TokenBucket(qps=0, burst=1))
+                     breaker_settings=breaker.Settings(max_fraction=1.0),
+                     budget=FairBudget(TokenBucket(qps=0, burst=1)),
+                     retry_budget=FairBudget(TokenBucket(qps=0, burst=1)))
 
 
 def test_in_a_burst_records_listed_at_the_cached_version_are_not_read_again() -> None:

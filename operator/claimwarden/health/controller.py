@@ -29,7 +29,7 @@ from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
 from . import breaker, groups, plan, records
-from .budget import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
+from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
 from .evictions import Evictions
 from .marks import Marks
 from .quarantine import Quarantine
@@ -57,6 +57,8 @@ class HealthSettings:
     breaker: breaker.Settings = field(default_factory=breaker.Settings)
     eviction_qps: float = DEFAULT_QPS
     eviction_burst: int = DEFAULT_BURST
+    eviction_retry_qps: float = DEFAULT_RETRY_QPS
+    """Retries of evictions a PodDisruptionBudget refused take tokens from a budget of their own (budget.py)."""
     workers: int = 32
     """Workers of the record and the eviction queues: a burst of marks is mostly waiting on round trips."""
 
@@ -84,7 +86,8 @@ class HealthController:
         self.evictions = Evictions(
             kube=kube, cache=cache, post_event=self._event, on_evicted=self.record_queue.add_after,
             breaker_settings=self.settings.breaker,
-            budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
+            budget=FairBudget(TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst)),
+            retry_budget=FairBudget(TokenBucket(qps=self.settings.eviction_retry_qps, burst=RETRY_BURST)),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api,

@@ -16,13 +16,18 @@ evictions rather than before the next one (``EventPoster``); and the record's co
 by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with back-off
 until the budget allows it or the mark is cleared.
 
-Right before the call two guards apply, in this order (README "What claimwarden will not do
-without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
+Right before the call the blast-radius breaker applies (breaker.py, README "What claimwarden will
+not do without asking"): unless the record is approved, an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
 its limit; taking that room and counting the eviction afterwards are tracked in ``_in_flight``, so
-concurrent workers cannot overshoot — and then the eviction budget (budget.py), one token per
-call. An eviction the breaker holds back is dropped here; its record is looked at again when the
-window frees room (approvals and cleared marks wake it through their own events).
+concurrent workers cannot overshoot. An eviction the breaker holds back is dropped here; its record
+is looked at again when the window frees room (approvals and cleared marks wake it through their
+own events).
+
+The eviction budget (budget.py) is asked first, before any read: one token per call, handed out
+round-robin over namespaces once evictions wait for tokens, so a parked eviction costs nothing until
+its turn (``_pump`` re-queues it then). A key whose last call a PodDisruptionBudget refused asks the
+retry budget instead of the shared one. A token not spent on a call goes back.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import datetime
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import metrics
@@ -45,7 +52,7 @@ from ..podclaims import TERMINAL_PHASES, is_being_deleted, is_reserved_for
 from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
 from . import breaker, groups, plan, records
-from .budget import TokenBucket
+from .budget import FairBudget
 from .counts import CountWrites
 from .wave import HOLD_MAX, HOLD_RECHECK
 
@@ -61,6 +68,7 @@ CONFLICT_RETRY = 0.5  # seconds before an eviction whose pod changed twice meanw
 PDB_API = "/apis/policy/v1"
 EVENT_POSTERS = 4
 FLUSH_SECONDS, FLUSH_WRITERS = 10.0, 8  # at shutdown: the counts still in memory, written 8 at once within 10 s
+PUMP_MIN = 0.01  # seconds: the shortest wait before parked evictions are looked at for a token again
 EVENTS_PENDING_MAX = 10_000  # Events posted at once: enough to keep up, few enough that evictions go first
 RECORD_LIST_ITEMS_PER_GET = 20  # assumed: a metadata-only LIST item costs about 1/20 of a GET, either side
 
@@ -74,22 +82,27 @@ class Evictions:
 
     def __init__(self, *, kube: Kube, cache: Cache | None, post_event: PostEvent,
                  on_evicted: Callable[[str, float], None],
-                 breaker_settings: breaker.Settings, budget: TokenBucket,
+                 breaker_settings: breaker.Settings, budget: FairBudget, retry_budget: FairBudget,
                  decide: Decide | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
         """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
-        `decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
-        record was held back, look at it again when there may be room (both None: no breaker)."""
+        `budget`: tokens for the Eviction API calls; `retry_budget`: the same for retries of calls a
+        PodDisruptionBudget refused (budget.py); `decide(driver)`: the breaker's decision now;
+        `on_paused(record, decision)`: an eviction of the record was held back, look at it again when there
+        may be room (both None: no breaker)."""
         self.kube = kube
         self.cache = cache  # None in unit tests: every claim is then read from the API
         self.queue = WorkQueue("health-evictions")
         self.breaker_settings = breaker_settings
         self.budget = budget
+        self.retry_budget = retry_budget
+        self._pump_handle: asyncio.TimerHandle | None = None
         self.decide = decide
         self._post_event = post_event
         self._on_evicted = on_evicted
         self._on_paused = on_paused
-        self._pdb_attempts: dict[Hashable, int] = {}
+        self._pdb_attempts: dict[Hashable, int] = {}  # key -> refusals in a row
+        self._blocked_records: Counter[str] = Counter()  # record -> its keys in _pdb_attempts
         self._evicted: dict[str, int] = {}
         # pod UID -> when claimwarden evicted it: a key still queued for it then finds the pod gone,
         # which is no eviction attempt of its own to count as "gone".
@@ -127,7 +140,7 @@ class Evictions:
 
     def blocked(self, record_name: str) -> bool:
         """True while a PodDisruptionBudget refuses one of the record's evictions."""
-        return any(cast(EvictionKey, key)[0] == record_name for key in self._pdb_attempts)
+        return self._blocked_records[record_name] > 0
 
     def in_flight(self, driver: str) -> int:
         return self._in_flight.get(driver, 0)
@@ -139,9 +152,29 @@ class Evictions:
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
+        # The token first (budget.py): an eviction parked behind other namespaces' costs no read until its turn.
+        budget = self._budget_for(key)
+        if not budget.unlimited:
+            parked = budget.is_parked(key)
+            if not budget.ask(key, namespace):
+                if not parked:
+                    metrics.EVICTIONS_DEFERRED.labels("budget").inc()
+                self._pump()
+                return
+        token = _Token()
+        try:
+            await self._attempt(key, token, record_name, namespace, pod_name, uid, claim_name)
+        finally:
+            if not token.spent and not budget.unlimited:
+                budget.give_back()
+                self._pump()
+
+    async def _attempt(self, key: Hashable, token: _Token, record_name: str, namespace: str, pod_name: str,
+                       uid: str, claim_name: str) -> None:
+        """One eviction attempt with its token taken; `token.spent` once the Eviction API is called."""
         target = await self._still_due(record_name, namespace, pod_name, uid, claim_name)
         if target is None:
-            self._pdb_attempts.pop(key, None)
+            self._unblock(key)
             return
         record, pod, ref, pinned = target
         wait = _drain_wait(record)
@@ -152,11 +185,7 @@ class Evictions:
         # From here to the call no `await` may come between taking room and using it (see the docstring).
         if not self._breaker_room(record, ref.driver):
             return
-        wait = self.budget.take()
-        if wait > 0:
-            self._release(ref.driver)
-            metrics.EVICTIONS_DEFERRED.labels("budget").inc()
-            raise Requeue(wait, "budget")
+        token.spent = True
         try:
             evicted = await self._evict(namespace, pod_name, uid, pod, pinned=pinned)
         except ApiError as exc:
@@ -168,7 +197,7 @@ class Evictions:
                 if exc.retry_after is not None:
                     raise Requeue(exc.retry_after, "throttled") from None
                 raise  # the queue's own back-off
-            self._pdb_attempts.pop(key, None)
+            self._unblock(key)
             if exc.status in (404, 409):
                 metrics.EVICTIONS.labels("gone").inc()
                 return
@@ -179,12 +208,12 @@ class Evictions:
             raise
         if evicted is None:  # the pod read after a conflict is gone, replaced or terminating
             self._release(ref.driver)
-            self._pdb_attempts.pop(key, None)
+            self._unblock(key)
             return
         pod = evicted
         self.recent(record).append(breaker.Recent(f"{namespace}/{pod_name}", now()))
         self._release(ref.driver)
-        self._pdb_attempts.pop(key, None)
+        self._unblock(key)
         self._remember_evicted(uid)
         metrics.EVICTIONS.labels("evicted").inc()
         marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
@@ -198,6 +227,32 @@ class Evictions:
         # One Event, on the pod: the record's status counts its evictions and names the recent ones.
         self.events.post(pod, "Warning", EVICTED, f"evicted: device {ref} is unhealthy: {reason}")
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
+
+    def _budget_for(self, key: Hashable) -> FairBudget:
+        """The retry budget for a key whose last call a PodDisruptionBudget refused; the shared one otherwise."""
+        return self.retry_budget if key in self._pdb_attempts else self.budget
+
+    def _pump(self) -> None:
+        """Re-queue the parked evictions whose token is there, and come back when the next one will be."""
+        if self.queue.closed:
+            return
+        waits = []
+        for budget in (self.budget, self.retry_budget):
+            for key in budget.grant():
+                self.queue.add(key)
+            wait = budget.next_grant_in()
+            if wait is not None:
+                waits.append(wait)
+        if not waits:
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(min(waits), PUMP_MIN)
+        if self._pump_handle is not None and not self._pump_handle.cancelled() and \
+                loop.time() < self._pump_handle.when() <= due:
+            return
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+        self._pump_handle = loop.call_at(due, self._pump)
 
     async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body, *, pinned: bool) -> Body | None:
         """Evict the pod. `pinned`: `pod` is the cached pod, and the eviction is pinned to its resourceVersion
@@ -360,11 +415,22 @@ class Evictions:
         attempts = self._pdb_attempts.get(key, 0) + 1
         self._pdb_attempts[key] = attempts
         if attempts == 1:
+            self._blocked_records[cast(EvictionKey, key)[0]] += 1
+        if attempts == 1:
             self._on_evicted(cast(EvictionKey, key)[0], 0.0)  # its status says so now (controller._settling)
             await self._post_event(pod, "Warning", EVICTION_BLOCKED,
                                    f"eviction for unhealthy device {ref} is blocked: {exc.message}")
         delay = min(PDB_RETRY_FIRST * 2 ** (attempts - 1), PDB_RETRY_MAX)
         return Requeue(max(delay, exc.retry_after or 0.0), "blocked")
+
+    def _unblock(self, key: Hashable) -> None:
+        """The key is done with PodDisruptionBudgets: evicted, gone, or no longer due."""
+        if self._pdb_attempts.pop(key, None) is None:
+            return
+        record_name = cast(EvictionKey, key)[0]
+        self._blocked_records[record_name] -= 1
+        if self._blocked_records[record_name] <= 0:
+            del self._blocked_records[record_name]
 
     def counts_status(self, record: Body) -> dict[str, Any]:
         """The record's counts as its status should carry them: podsEvicted and recentEvictions."""
@@ -413,6 +479,13 @@ class Evictions:
             log.warning("shutting down: %d records' eviction counts could not be stored (first: %s)",
                         len(refused), refused[0])
         await self.events.drain(max(deadline - time.monotonic(), 0.0))
+
+
+@dataclass
+class _Token:
+    """Whether the token an eviction attempt took was spent on a call (else it goes back to its budget)."""
+
+    spent: bool = False
 
 
 def _drain_wait(record: Body) -> float | None:

@@ -1,0 +1,117 @@
+"""Evictions and their tokens: a retry of an eviction a PodDisruptionBudget refused takes its token from
+the retry budget, never the shared one (budget.py; issue 20 finding 8)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from claimwarden.health import breaker
+from claimwarden.health.budget import FairBudget, TokenBucket
+from claimwarden.health.evictions import EvictionKey, Evictions
+from claimwarden.kube.errors import DISRUPTION_BUDGET_CAUSE, ApiError
+from claimwarden.workqueue import Requeue
+
+DEVICE = {"driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Kube:
+    """Records, pods and claims by name; every pod of namespace `guarded` is protected by a PDB."""
+
+    def __init__(self, guarded: str) -> None:
+        self.guarded = guarded
+        self.calls: list[str] = []
+
+    async def get_cluster_object(self, api: str, plural: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "resourceVersion": "1"},
+                "spec": {**DEVICE, "effect": "NoExecute", "reason": "broken"}, "status": {}}
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}",
+                             "resourceVersion": "1"}, "status": {"phase": "Running"}}
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name},
+                "status": {"allocation": {"devices": {"results": [{**DEVICE, "request": "gpu"}]}},
+                           "reservedFor": [{"resource": "pods", "name": n, "uid": f"uid-{namespace}-{n}"}
+                                           for n in ("p0", "p1", "p2")]}}
+
+    async def evict_pod(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> None:
+        self.calls.append(f"{namespace}/{name}")
+        if namespace == self.guarded:
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                           causes=(DISRUPTION_BUDGET_CAUSE,))
+
+    async def post_event(self, *_: Any) -> None:
+        return None
+
+
+def _key(namespace: str, pod: str) -> EvictionKey:
+    return ("record", namespace, pod, f"uid-{namespace}-{pod}", "claim")
+
+
+def _evictions(kube: _Kube, clock: Clock, *, retry_qps: float) -> Evictions:
+    async def post(*_: Any) -> None:
+        return None
+    return Evictions(kube=kube, cache=None, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
+                     breaker_settings=breaker.Settings(max_fraction=1.0),
+                     budget=FairBudget(TokenBucket(qps=1, burst=1, clock=clock)),
+                     retry_budget=FairBudget(TokenBucket(qps=retry_qps, burst=1, clock=clock)))
+
+
+def test_retries_of_refused_evictions_take_no_token_of_the_shared_budget() -> None:
+    async def run() -> None:
+        clock, kube = Clock(), _Kube(guarded="a")
+        evictions = _evictions(kube, clock, retry_qps=0.01)
+        with pytest.raises(Requeue):  # the first call takes the shared token and is refused
+            await evictions.reconcile(_key("a", "p0"))
+        clock.now += 1  # one shared token again
+        with pytest.raises(Requeue):  # the retry: the retry budget's token
+            await evictions.reconcile(_key("a", "p0"))
+        await evictions.reconcile(_key("a", "p0"))  # the retry budget is empty now: parked there
+        assert evictions.retry_budget.is_parked(_key("a", "p0"))
+        assert kube.calls == ["a/p0", "a/p0"]
+        await evictions.reconcile(_key("b", "p0"))  # the shared token is still there for another namespace
+        assert kube.calls == ["a/p0", "a/p0", "b/p0"]
+        assert evictions.blocked("record")
+    asyncio.run(run())
+
+
+def test_before_the_fix_refused_retries_would_have_spent_the_shared_token() -> None:
+    """The same run with one budget for both (what main did): namespace b's eviction then waits."""
+    async def run() -> None:
+        clock, kube = Clock(), _Kube(guarded="a")
+        evictions = _evictions(kube, clock, retry_qps=0.01)
+        evictions.retry_budget = evictions.budget
+        with pytest.raises(Requeue):
+            await evictions.reconcile(_key("a", "p0"))
+        clock.now += 1
+        with pytest.raises(Requeue):
+            await evictions.reconcile(_key("a", "p0"))
+        await evictions.reconcile(_key("b", "p0"))
+        assert kube.calls == ["a/p0", "a/p0"]  # b parked behind the refused retry
+        assert evictions.budget.is_parked(_key("b", "p0"))
+    asyncio.run(run())
+
+
+def test_a_token_not_spent_on_a_call_goes_back_to_its_budget() -> None:
+    async def run() -> None:
+        clock, kube = Clock(), _Kube(guarded="none")
+        evictions = _evictions(kube, clock, retry_qps=1)
+
+        async def gone(namespace: str, name: str) -> None:
+            return None
+        kube.get_pod = gone  # type: ignore[assignment,method-assign]
+        await evictions.reconcile(_key("a", "p0"))  # the pod is gone: no call, the token goes back
+        assert kube.calls == [] and evictions.budget.bucket.wait() == 0.0
+    asyncio.run(run())
