@@ -250,7 +250,7 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
     if runtime.reservations:
         runtime.reservations.enqueue_claim(namespace, name)
     if runtime.health:
-        runtime.health.enqueue_for_claim(namespace, name, dict(body))
+        runtime.health.enqueue_for_claim(namespace, name, dict(body), deleted=type == "DELETED")
     if runtime.claims:
         plain = dict(body)
         if type == "DELETED":

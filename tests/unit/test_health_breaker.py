@@ -9,6 +9,7 @@ from claimwarden.health.breaker import (
     Recent,
     Settings,
     approved_by,
+    claim_holders,
     decide,
     format_recent,
     holding_pods,
@@ -41,7 +42,7 @@ def test_evictions_in_the_window_use_up_the_room_and_keep_the_limit() -> None:
 def test_a_pod_being_evicted_is_not_counted_twice() -> None:
     view = DriverView(holding=pods(40), pending=pods(12), recent=(Recent("ns/p0", NOW),))
     decision = decide(DRIVER, view, Settings(), NOW)
-    assert not decision.open and decision.population == 40 and len(decision.counted) == 12
+    assert not decision.open and decision.population == 40 and decision.counted == 12
 
 
 def test_approved_evictions_are_not_counted_but_their_pods_stay_in_the_population() -> None:
@@ -86,7 +87,7 @@ def test_holding_pods_counts_each_pod_once_per_driver_and_skips_quarantine_claim
                     {"driver": driver, "pool": "n", "device": name, "request": "r"}]}},
                     "reservedFor": [{"resource": "pods", "name": h, "uid": h} for h in holders]}}
 
-    claims = [claim("a", "c1", DRIVER, "x", "y"), claim("a", "c2", DRIVER, "x"),
+    claims = [claim("a", "c1", DRIVER, "y"), claim("a", "c2", DRIVER, "x"), claim("a", "c5", DRIVER, "x"),
               claim("b", "c3", "nic.example.com", "z"), claim("cw", "q", DRIVER), claim("a", "c4", DRIVER)]
     assert holding_pods(claims, "cw") == {DRIVER: {"a/x", "a/y"}, "nic.example.com": {"b/z"}}
 
@@ -115,3 +116,37 @@ def test_recent_evictions_round_trip_through_the_status_and_are_trimmed() -> Non
 def test_approval_is_the_annotation() -> None:
     assert approved_by({"metadata": {"annotations": {"claimwarden.io/approved-by": "alice"}}}) == "alice"
     assert approved_by({"metadata": {}}) is None
+
+
+def _shared_claim(name: str, devices: int, holders: int) -> dict[str, object]:
+    return {"metadata": {"namespace": "t", "name": name},
+            "status": {"allocation": {"devices": {"results": [
+                {"driver": DRIVER, "pool": "n", "device": f"{name}-{i}", "request": "r"} for i in range(devices)]}},
+                "reservedFor": [{"resource": "pods", "name": f"{name}-p{i:03}", "uid": f"u{i}"}
+                                for i in range(holders)]}}
+
+
+def test_a_claim_counts_at_most_one_pod_per_device_the_first_by_name() -> None:
+    assert claim_holders(_shared_claim("one", 1, 256), "cw") == {DRIVER: frozenset({"t/one-p000"})}
+    assert claim_holders(_shared_claim("two", 2, 3), "cw") == {DRIVER: frozenset({"t/two-p000", "t/two-p001"})}
+    assert claim_holders(_shared_claim("big", 8, 1), "cw") == {DRIVER: frozenset({"t/big-p000"})}  # 1 pod, 8 GPUs
+
+
+def test_pods_sharing_claims_do_not_raise_the_limit() -> None:
+    """Finding 8: 4 claims x 256 pods used to add 1,024 pods to the population (and ~300 to the limit)."""
+    claims = [_shared_claim(f"c{i}", 1, 256) for i in range(4)]
+    tenant = holding_pods(claims, "cw")[DRIVER]
+    assert len(tenant) == 4  # one pod per device
+    holding = pods(40) | tenant
+    decision = decide(DRIVER, DriverView(holding=holding, pending=pods(16)), Settings(), NOW)
+    assert decision.population == 44 and decision.limit == 13 and decision.open
+    every_pod = pods(40) | {f"t/{e['name']}" for c in claims for e in c["status"]["reservedFor"]}  # type: ignore[index]
+    assert decide(DRIVER, DriverView(holding=every_pod, pending=pods(16)), Settings(), NOW).limit == 319
+
+
+def test_a_records_evicted_pods_count_as_one_in_the_population() -> None:
+    """256 pods evicted from one shared device do not raise the limit either (each device weighs one pod)."""
+    evicted = tuple(Recent(f"t/p{i}", NOW) for i in range(256))
+    view = DriverView(holding=pods(40), recent=evicted, departed=("t/p0",))
+    decision = decide(DRIVER, view, Settings(), NOW)
+    assert decision.population == 41 and decision.limit == 12 and decision.open and decision.room == 0

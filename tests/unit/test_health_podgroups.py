@@ -171,9 +171,13 @@ def test_the_breaker_counts_members_holding_through_their_group() -> None:
     pods = pods_of(member("a"), member("b"), member("done", phase="Succeeded"), member("c", claim="x", by_name=True))
     lookup = members_of(pods.values())
     claims = [group_claim(pods=("c",))]
+    results = claims[0]["status"]["allocation"]["devices"]["results"]
+    results += [{**results[0], "device": f"gpu-{i}"} for i in (1, 2, 3)]  # 4 devices: up to 4 pods count
 
     def by_group(claim: dict[str, Any]) -> list[str]:
         return [p["metadata"]["name"] for p in group_pods(claim, pods, lookup)]
 
     assert holding_pods(claims, OWN_NAMESPACE, by_group) == {DRIVER: {"ns/a", "ns/b", "ns/c"}}
     assert holding_pods(claims, OWN_NAMESPACE) == {DRIVER: {"ns/c"}}
+    del results[1:]  # one device: the group weighs one pod (breaker.CLAIM_PODS_PER_DEVICE)
+    assert holding_pods(claims, OWN_NAMESPACE, by_group) == {DRIVER: {"ns/a"}}

@@ -21,6 +21,12 @@ the window, approved or not (they held one until claimwarden evicted them; witho
 would shrink with every eviction). Pods are identified by "namespace/name",
 so a pod being evicted is never counted twice.
 
+Each device weighs at most one pod (``CLAIM_PODS_PER_DEVICE``): a claim counts at most as many of
+its pods as it was allocated devices of the driver (the first by name), and a record's evicted pods
+count as one. Pods that share a claim share its devices; without the cap, one tenant's claim
+reserved for 256 pods would add 256 to the population, and so raise every other tenant's limit
+(issue 20, finding 8). A pod holding several devices still counts once.
+
 Small clusters: the fraction never allows fewer than `min_pods` (default 8, one node's worth of
 GPUs), so one broken node is always emptied at once; `--breaker-max-pods` is a hard limit.
 """
@@ -29,7 +35,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,6 +50,8 @@ DEFAULT_WINDOW = timedelta(minutes=10)
 APPROVAL_ANNOTATION = "claimwarden.io/approved-by"
 CONDITION = "EvictionPaused"
 RECENT_MAX = 256
+CLAIM_PODS_PER_DEVICE = 1
+"""A claim counts at most this many of its pods per device of the driver it was allocated."""
 """At most this many recent evictions are kept in one record's status (a device with more
 consumers is not evicted faster than the window can remember anyway)."""
 
@@ -81,9 +90,9 @@ class Recent:
 class DriverView:
     """What the breaker decides one driver on."""
 
-    holding: frozenset[str] = frozenset()
+    holding: AbstractSet[str] = frozenset()
     """Pods ("namespace/name") holding a device of the driver now."""
-    pending: frozenset[str] = frozenset()
+    pending: AbstractSet[str] = frozenset()
     """Pods that unapproved NoExecute records would evict now (tolerated pods excluded)."""
     recent: tuple[Recent, ...] = ()
     """Evictions made for unapproved records (older ones are dropped here)."""
@@ -91,6 +100,9 @@ class DriverView:
     """Evictions made for approved records: not counted, but those pods held devices too."""
     in_flight: int = 0
     """Evictions started (slot taken) and not yet in `recent`."""
+    departed: tuple[str, ...] | None = None
+    """The evicted pods that count in the population (one per record); None: every pod in `recent` and
+    `approved_recent`."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +118,8 @@ class Decision:
     frees_at: datetime | None = None
     """When the oldest eviction in the window leaves it (the room may grow then)."""
     reason: str = ""
-    counted: frozenset[str] = field(default_factory=frozenset)
+    counted: int = 0
+    """Pods pending or evicted in the window, each once."""
 
     def allows(self) -> bool:
         return self.room is None or self.room > 0
@@ -121,27 +134,30 @@ def decide(driver: str, view: DriverView, settings: Settings, now: datetime) -> 
     """Open or closed, and how many new evictions may start, for one driver."""
     if not settings.enabled:
         return Decision(driver=driver)
+    # Sizes of unions without building them: holding and pending may be large, the window is short.
     recent = in_window(view.recent, now, settings.window)
     recent_pods = {r.pod for r in recent}
-    approved_pods = {r.pod for r in in_window(view.approved_recent, now, settings.window)}
-    population = len(view.holding | recent_pods | approved_pods)
+    departed = set(view.departed) if view.departed is not None else \
+        recent_pods | {r.pod for r in in_window(view.approved_recent, now, settings.window)}
+    population = len(view.holding) + sum(1 for pod in departed if pod not in view.holding)
     limit = settings.limit(population)
-    counted = view.pending | recent_pods
+    also_pending = sum(1 for pod in recent_pods if pod in view.pending)
+    counted = len(view.pending) + len(recent_pods) - also_pending
     if limit is None:
         return Decision(driver=driver, population=population, pending=len(view.pending), recent=len(recent))
-    is_open = len(counted) > limit
+    is_open = counted > limit
     room = max(limit - len(recent) - view.in_flight, 0)
     frees_at = recent[0].at + settings.window if recent else None
     reason = ""
     if is_open:
-        waiting = len(view.pending - recent_pods)
-        reason = (f"eviction breaker for driver {driver} is open: {len(counted)} pod(s) would be or were evicted "
+        waiting = len(view.pending) - also_pending
+        reason = (f"eviction breaker for driver {driver} is open: {counted} pod(s) would be or were evicted "
                   f"within {_duration(settings.window)} ({waiting} pending, {len(recent)} evicted), more than "
                   f"the limit of {limit} ({_limit_text(settings, population)}); {waiting} pod(s) wait. Approve a "
                   f"record with `kubectl annotate unhealthydevice <name> {APPROVAL_ANNOTATION}=<your user name>`, "
                   f"or clear the marks that are wrong")
     return Decision(driver=driver, open=is_open, limit=limit, population=population, pending=len(view.pending),
-                    recent=len(recent), room=room, frees_at=frees_at, reason=reason, counted=frozenset(counted))
+                    recent=len(recent), room=room, frees_at=frees_at, reason=reason, counted=counted)
 
 
 def _limit_text(settings: Settings, population: int) -> str:
@@ -163,27 +179,38 @@ def _duration(window: timedelta) -> str:
 
 def holding_pods(claims: Iterable[dict[str, Any]], skip_namespace: str,
                  podgroup_pods: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> dict[str, set[str]]:
-    """driver -> pods ("namespace/name") in reservedFor of claims allocated its devices (without admin
-    access), in one pass.
+    """driver -> pods ("namespace/name") the claims count for (``claim_holders``), in one pass."""
+    found: dict[str, set[str]] = {}
+    for claim in claims:
+        for driver, pods in claim_holders(claim, skip_namespace, podgroup_pods).items():
+            found.setdefault(driver, set()).update(pods)
+    return found
 
-    Claims in `skip_namespace` (claimwarden's own: quarantine claims hold no pods) are skipped.
+
+def claim_holders(claim: dict[str, Any], skip_namespace: str,
+                  podgroup_pods: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> dict[str, frozenset[str]]:
+    """driver -> the pods ("namespace/name") the claim counts for in the driver's population: those in its
+    reservedFor, at most CLAIM_PODS_PER_DEVICE per device of the driver it was allocated without admin
+    access, the first by name.
+
+    A claim in `skip_namespace` (claimwarden's own: quarantine claims hold no pods) counts for none.
     `podgroup_pods(claim)`: the names of the pods holding the claim through a PodGroup entry of its
     reservedFor (health/groups.py); None counts pod entries only.
     """
-    found: dict[str, set[str]] = {}
-    for claim in claims:
-        namespace = str(metadata(claim).get("namespace") or "")
-        if namespace == skip_namespace:
-            continue
-        names = {str(e.get("name") or "") for e in reserved_for(claim) if is_pod_reservation(e)}
-        if podgroup_pods is not None and any(is_podgroup_reservation(e) for e in reserved_for(claim)):
-            names.update(podgroup_pods(claim))
-        if not names:
-            continue
-        for driver in {device[0] for device in used_devices(claim)}:
-            pods = found.setdefault(driver, set())
-            pods.update(f"{namespace}/{name}" for name in names)
-    return found
+    namespace = str(metadata(claim).get("namespace") or "")
+    if namespace == skip_namespace:
+        return {}
+    names = {str(e.get("name") or "") for e in reserved_for(claim) if is_pod_reservation(e)}
+    if podgroup_pods is not None and any(is_podgroup_reservation(e) for e in reserved_for(claim)):
+        names.update(podgroup_pods(claim))
+    if not names:
+        return {}
+    devices: dict[str, int] = {}
+    for driver, _pool, _device in used_devices(claim):
+        devices[driver] = devices.get(driver, 0) + 1
+    ordered = sorted(names)
+    return {driver: frozenset(f"{namespace}/{name}" for name in ordered[:count * CLAIM_PODS_PER_DEVICE])
+            for driver, count in devices.items()}
 
 
 def approved_by(record: dict[str, Any]) -> str | None:

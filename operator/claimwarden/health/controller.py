@@ -4,9 +4,10 @@ Three queues: slices (``marks``), records (here: quarantine, taint rule, status,
 evict and when) and evictions (``evictions``, one key per pod). The decisions are in records.py,
 tolerations.py, plan.py and breaker.py.
 
-The breaker is decided per driver over all NoExecute records at once (``decision``): each record
-reconcile leaves the pods it would evict in ``_pending``, and the decision joins them with every
-record's evictions in the window (kept by ``evictions``, seeded from the records' status). A record
+The breaker is decided per driver over all NoExecute records at once (``decision``) from totals kept
+up to date as their inputs change (breaker_view.py): each record reconcile leaves the pods it would
+evict there, each eviction its entry in the window (seeded from the records' status), and each claim
+event the pods holding the claim's devices. A record
 reconcile schedules its evictions only while the breaker has room; the eviction worker asks again
 right before the call and takes the room then, so a stale view here can delay an eviction but
 never let one more through.
@@ -29,6 +30,7 @@ from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
 from . import breaker, groups, plan, records
+from .breaker_view import BreakerView
 from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
 from .evictions import Evictions
 from .marks import Marks
@@ -43,7 +45,7 @@ log = logging.getLogger("claimwarden.health")
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 BREAKER_OPEN = "EvictionBreakerOpen"
-HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
+POPULATION_RESYNC = 60.0  # seconds between rebuilds of the pods holding devices from all claims (missed events)
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
 RULE_DEFER_MAX = 30.0  # seconds after the mark a DeviceTaintRule may wait for the record's evictions
@@ -89,18 +91,18 @@ class HealthController:
             budget=FairBudget(TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst)),
             retry_budget=FairBudget(TokenBucket(qps=self.settings.eviction_retry_qps, burst=RETRY_BURST)),
             decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
-                name, _until_room(decision, now())))
+                name, _until_room(decision, now())), on_recent=self._on_recent)
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api,
                                                   self.quarantine.taint_rule_api_gone)
         self.wave = Wave(lambda: self.evictions.queue.busy)
         self._memory: dict[str, RecordMemory] = {}
         # record -> (resourceVersion our last status write returned, the status it wrote).
         self._status_written: dict[str, tuple[int, dict[str, Any]]] = {}
-        # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
-        self._pending: dict[str, tuple[str, frozenset[str]]] = {}
+        self.breaker_view = BreakerView()
+        self._records_seeded = False
+        self._population_synced = -POPULATION_RESYNC
         self._open: dict[str, bool] = {}
         self._shown: dict[str, tuple[bool, int, int | None]] = {}
-        self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
         self._record_claims: dict[str, set[tuple[str, str]]] = {}  # the same, from the record's side
@@ -123,10 +125,15 @@ class HealthController:
         self.marks.queue.add(name)
 
     def enqueue_record(self, name: str) -> None:
+        record = self.cache.record(name)
+        if record is not None and self._records_seeded:
+            self._note_record(record)
         self.record_queue.add(name)
 
-    def enqueue_for_claim(self, namespace: str, name: str, body: Body) -> None:
+    def enqueue_for_claim(self, namespace: str, name: str, body: Body, *, deleted: bool = False) -> None:
         """A claim changed: look again at records whose device it holds or held."""
+        if self.settings.breaker.enabled:
+            self.breaker_view.population.set_claim((namespace, name), {} if deleted else self._claim_holders(body))
         names = set(self._claim_records.get((namespace, name), set()))
         if not self._copies_tolerations and copies_tolerations([body]):
             self._note_copies()
@@ -211,49 +218,56 @@ class HealthController:
     # --- the breaker (breaker.py decides) -----------------------------------------------------
 
     def decision(self, driver: str) -> breaker.Decision:
-        """The breaker's decision for the driver now, over all its NoExecute records."""
+        """The breaker's decision for the driver now, over all its NoExecute records (breaker_view.py)."""
         settings = self.settings.breaker
         if not settings.enabled:
             return breaker.Decision(driver=driver)
-        pending: set[str] = set()
-        for pending_driver, pods in self._pending.values():
-            if pending_driver == driver:
-                pending |= pods
-        recent: list[breaker.Recent] = []
-        approved: list[breaker.Recent] = []
-        for record in self.cache.records():
-            ref = records.record_ref(record)
-            if ref is not None and ref.driver == driver:
-                (recent if breaker.approved_by(record) is None else approved).extend(self.evictions.recent(record))
-        view = breaker.DriverView(holding=frozenset(self._holding_pods().get(driver, set())),
-                                  pending=frozenset(pending), recent=tuple(recent), approved_recent=tuple(approved),
-                                  in_flight=self.evictions.in_flight(driver))
+        self._seed_breaker_view()
+        view = self.breaker_view.driver_view(driver, now=now(), window=settings.window,
+                                             in_flight=self.evictions.in_flight(driver))
         return breaker.decide(driver, view, settings, now())
 
-    def _holding_pods(self) -> dict[str, set[str]]:
-        """driver -> pods holding its devices: one pass over the claims, reused for HOLDING_TTL seconds."""
-        taken, holding = self._holding
-        if time.monotonic() - taken >= HOLDING_TTL:
-            pods = self.cache.pods()
-            holding = breaker.holding_pods(self.cache.claims(), self.namespace, lambda claim: [
-                str(pod["metadata"]["name"]) for pod in groups.group_pods(claim, pods, self.cache.pods_in_podgroup)])
-            self._holding = (time.monotonic(), holding)
-        return holding
+    def _seed_breaker_view(self) -> None:
+        """Once, every record the cache holds (their evictions in the window come from their status, so a
+        restarted claimwarden decides as before); and now and then every claim's holders again."""
+        if not self._records_seeded:
+            self._records_seeded = True
+            for record in self.cache.records():
+                self._note_record(record)
+        if time.monotonic() - self._population_synced >= POPULATION_RESYNC:
+            self._population_synced = time.monotonic()
+            self.breaker_view.population.reset({
+                (str(claim["metadata"].get("namespace") or ""), str(claim["metadata"].get("name") or "")):
+                    self._claim_holders(claim) for claim in self.cache.claims()})
 
-    def _records_of_driver(self, driver: str) -> list[str]:
-        return [r["metadata"]["name"] for r in self.cache.records()
-                if (ref := records.record_ref(r)) is not None and ref.driver == driver]
+    def _claim_holders(self, claim: Body) -> dict[str, frozenset[str]]:
+        pods = self.cache.pods()
+        return breaker.claim_holders(claim, self.namespace, lambda claim: [
+            str(pod["metadata"]["name"]) for pod in groups.group_pods(claim, pods, self.cache.pods_in_podgroup)])
+
+    def _note_record(self, record: Body) -> None:
+        """The record as the breaker's view knows it: its driver and whether it is approved."""
+        name = record["metadata"]["name"]
+        ref = records.record_ref(record)
+        if ref is None:
+            self.breaker_view.forget(name)
+            return
+        self.breaker_view.register(name, ref.driver, approved=breaker.approved_by(record) is not None,
+                                   recent=lambda: list(self.evictions.recent(record)))
+
+    def _on_recent(self, record_name: str, entry: breaker.Recent) -> None:
+        self.breaker_view.add_recent(record_name, entry)
 
     async def _note_breaker(self, decision: breaker.Decision, record: Body | None) -> None:
         """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
         driver looked at again (their EvictionPaused conditions)."""
         driver = decision.driver
         # While open, a change in what is counted or in the limit refreshes the records' messages too.
-        shown = (decision.open, len(decision.counted), decision.limit) if decision.open else (False, 0, None)
+        shown = (decision.open, decision.counted, decision.limit) if decision.open else (False, 0, None)
         if self._shown.get(driver, (False, 0, None)) == shown:
             return
         self._shown[driver] = shown
-        for name in self._records_of_driver(driver):
+        for name in self.breaker_view.records_of(driver):
             self.record_queue.add(name)
         if self._open.get(driver, False) == decision.open:
             return
@@ -265,8 +279,8 @@ class HealthController:
         log.warning("%s", decision.reason)
         # After a restart the breaker is found open again: a record still showing the condition says it
         # was reported already.
-        reported = any(_condition_true(r, breaker.CONDITION) for r in self.cache.records()
-                       if (ref := records.record_ref(r)) is not None and ref.driver == driver)
+        reported = any(r is not None and _condition_true(r, breaker.CONDITION)
+                       for r in map(self.cache.record, self.breaker_view.records_of(driver)))
         if not reported and record is not None:
             await self._event(record, "Warning", BREAKER_OPEN, decision.reason)
 
@@ -350,10 +364,13 @@ class HealthController:
                      approved: str | None) -> breaker.Decision:
         """Leave the record's pending pods in the breaker's view, then decide for its driver."""
         name = record["metadata"]["name"]
+        self._seed_breaker_view()
+        self._note_record(record)
         if records.record_effect(record) == "NoExecute" and approved is None and record_plan.evict:
-            self._pending[name] = (ref.driver, frozenset(f"{e.namespace}/{e.pod}" for e in record_plan.evict))
+            self.breaker_view.set_pending(name, ref.driver,
+                                          frozenset(f"{e.namespace}/{e.pod}" for e in record_plan.evict))
         else:
-            self._pending.pop(name, None)
+            self.breaker_view.set_pending(name, None, frozenset())
         return self.decision(ref.driver)
 
     def _note_holders(self, record_name: str, holders: set[str], before: set[str]) -> None:
@@ -455,7 +472,7 @@ class HealthController:
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
         self._status_written.pop(name, None)
-        self._pending.pop(name, None)
+        self.breaker_view.forget(name)
         self.evictions.forget(name)
         for key in list(self._record_claims.get(name, ())):
             self._drop_claim_record(key, name)

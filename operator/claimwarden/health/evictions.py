@@ -84,12 +84,14 @@ class Evictions:
                  on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: FairBudget, retry_budget: FairBudget,
                  decide: Decide | None = None,
-                 on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
+                 on_paused: Callable[[str, breaker.Decision], None] | None = None,
+                 on_recent: Callable[[str, breaker.Recent], None] | None = None) -> None:
         """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
         `budget`: tokens for the Eviction API calls; `retry_budget`: the same for retries of calls a
         PodDisruptionBudget refused (budget.py); `decide(driver)`: the breaker's decision now;
         `on_paused(record, decision)`: an eviction of the record was held back, look at it again when there
-        may be room (both None: no breaker)."""
+        may be room (both None: no breaker); `on_recent(record, eviction)`: an eviction was added to the
+        record's recent ones (the breaker's totals, breaker_view.py)."""
         self.kube = kube
         self.cache = cache  # None in unit tests: every claim is then read from the API
         self.queue = WorkQueue("health-evictions")
@@ -101,6 +103,7 @@ class Evictions:
         self._post_event = post_event
         self._on_evicted = on_evicted
         self._on_paused = on_paused
+        self._on_recent = on_recent
         self._pdb_attempts: dict[Hashable, int] = {}  # key -> refusals in a row
         self._blocked_records: Counter[str] = Counter()  # record -> its keys in _pdb_attempts
         self._evicted: dict[str, int] = {}
@@ -211,7 +214,10 @@ class Evictions:
             self._unblock(key)
             return
         pod = evicted
-        self.recent(record).append(breaker.Recent(f"{namespace}/{pod_name}", now()))
+        entry = breaker.Recent(f"{namespace}/{pod_name}", now())
+        self.recent(record).append(entry)
+        if self._on_recent is not None:
+            self._on_recent(record_name, entry)
         self._release(ref.driver)
         self._unblock(key)
         self._remember_evicted(uid)
