@@ -4,7 +4,9 @@ Modules, by what they decide or do:
 
 - ``records``, ``tolerations``, ``plan``: pure decisions (marks, drain modes, eviction times, object bodies).
 - ``breaker``, ``budget``: pure decisions on how much may be evicted: the blast-radius breaker per
-  driver and the eviction budget's token bucket (README "What claimwarden will not do without asking").
+  driver and the eviction budget, shared fairly over namespaces (README "What claimwarden will not do
+  without asking"); ``breaker_view``: the breaker's per-driver totals, kept up to date as claims,
+  records and evictions change.
 - ``marks``: slice annotations -> UnhealthyDevice records.
 - ``controller``: one record at a time: quarantine, status, which pods to evict and when.
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
