@@ -70,6 +70,16 @@ def _evicted(api: client.ApiClient, namespace: str, pod: str) -> bool:
     return found.metadata.deletion_timestamp is not None
 
 
+def _mark_and_time(api: client.ApiClient, namespace: str, pod: str, device: tuple[str, str],
+                   marked: list[tuple[str, str]]) -> float:
+    """Mark the pod's device; seconds until the pod is evicted."""
+    started = time.monotonic()
+    mark(api, *device, "fan failing")
+    marked.append(device)
+    wait_for(f"{pod} evicted", lambda: _evicted(api, namespace, pod), 60, 0.1)
+    return time.monotonic() - started
+
+
 def test_a_namespace_behind_a_pdb_does_not_hold_back_another_namespaces_evictions(
         api: client.ApiClient, namespace: str, lab: LabState, claimwarden: Operator, tmp_path: Path) -> None:
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
@@ -113,11 +123,7 @@ def test_a_namespace_behind_a_pdb_does_not_hold_back_another_namespaces_eviction
                 wait_for("A's first eviction refused", lambda: any(
                     code == 429 for _, _, _, code in evictions.read()), 30, 0.2)
                 # A's other 23 first attempts wait for tokens (2 a second): b-0 is served next but one.
-                started = time.monotonic()
-                mark(api, *devices[0], "fan failing")
-                marked.append(devices[0])
-                wait_for("b-0 evicted", lambda: _evicted(api, other, "b-0"), 60, 0.1)
-                first = time.monotonic() - started
+                first = _mark_and_time(api, other, "b-0", devices[0], marked)
                 print(f"b-0 evicted {first:.2f} s after its mark, with A's first attempts queued for tokens")
                 assert first < 5, f"b-0 waited {first:.1f} s behind namespace A's evictions"
 
@@ -125,11 +131,7 @@ def test_a_namespace_behind_a_pdb_does_not_hold_back_another_namespaces_eviction
                     pod for _, ns, pod, code in evictions.read() if ns == namespace and code == 429} ==
                     {b["metadata"]["name"] for b in bodies}, 60, 0.5)
                 refused_all = max(at for at, ns, _, _ in evictions.calls if ns == namespace)
-                started = time.monotonic()
-                mark(api, *devices[1], "fan failing")
-                marked.append(devices[1])
-                wait_for("b-1 evicted", lambda: _evicted(api, other, "b-1"), 60, 0.1)
-                second = time.monotonic() - started
+                second = _mark_and_time(api, other, "b-1", devices[1], marked)
                 print(f"b-1 evicted {second:.2f} s after its mark, with A's pods all refused and retrying")
                 assert second < 3, f"b-1 waited {second:.1f} s behind namespace A's refused retries"
 
