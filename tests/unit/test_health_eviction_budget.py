@@ -115,3 +115,28 @@ def test_a_token_not_spent_on_a_call_goes_back_to_its_budget() -> None:
         await evictions.reconcile(_key("a", "p0"))  # the pod is gone: no call, the token goes back
         assert kube.calls == [] and evictions.budget.bucket.wait() == 0.0
     asyncio.run(run())
+
+
+def test_a_refused_eviction_that_goes_through_promotes_the_namespaces_next_to_the_shared_budget() -> None:
+    """A PodDisruptionBudget relaxed for all: the refused evictions drain at the shared budget's pace, one
+    promoted by each that went through, not at the retry budget's."""
+    async def run() -> None:
+        clock, kube = Clock(), _Kube(guarded="a")
+        evictions = _evictions(kube, clock, retry_qps=0.01)
+        evictions.budget = FairBudget(TokenBucket(qps=100, burst=10, clock=clock))
+        for pod in ("p0", "p1", "p2"):
+            with pytest.raises(Requeue):
+                await evictions.reconcile(_key("a", pod))
+        assert evictions._budget_for(_key("a", "p1")) is evictions.retry_budget
+        kube.guarded = "none"  # the budget now allows every disruption
+        clock.now += 100  # one retry token
+        await evictions.reconcile(_key("a", "p0"))
+        assert kube.calls[-1] == "a/p0"
+        assert evictions._budget_for(_key("a", "p1")) is evictions.budget  # promoted, and queued at once
+        assert evictions._budget_for(_key("a", "p2")) is evictions.retry_budget
+        assert len(evictions.queue) == 1
+        await evictions.reconcile(_key("a", "p1"))  # no retry token left: it went on the shared budget
+        assert kube.calls[-1] == "a/p1"
+        assert evictions._budget_for(_key("a", "p2")) is evictions.budget
+        assert evictions._pdb_attempts.keys() == {_key("a", "p2")}  # promoted, its retry still to come
+    asyncio.run(run())

@@ -13,7 +13,9 @@ per eviction; a parked eviction costs no API call until its token is there.
 Two budgets, two lines: an eviction whose last call a PodDisruptionBudget refused (HTTP 429) asks a
 small budget of its own (`--eviction-retry-qps`), not the shared one. Its refusals are the PDB doing
 its job; retrying them must not take the tokens of other namespaces' evictions (300 protected pods on
-a broken device retrying every 30 s are 10 calls a second, the whole default budget).
+a broken device retrying every 30 s are 10 calls a second, the whole default budget). A refused
+eviction that goes through sends its namespace's next refused one back to the shared budget
+(evictions.py ``_promote_next``), so a relaxed PDB is not drained at the retry budget's pace.
 
 Pure: the clock is passed in, so unit tests drive it with plain numbers; the caller re-queues the
 keys ``FairBudget.grant`` hands out.

@@ -106,6 +106,10 @@ class Evictions:
         self._on_recent = on_recent
         self._pdb_attempts: dict[Hashable, int] = {}  # key -> refusals in a row
         self._blocked_records: Counter[str] = Counter()  # record -> its keys in _pdb_attempts
+        # namespace -> its keys in _pdb_attempts, oldest refusal first; and those promoted back to the shared
+        # budget after another of the namespace's refused evictions went through (``_promote_next``).
+        self._refused_in: dict[str, dict[Hashable, None]] = {}
+        self._promoted: set[Hashable] = set()
         self._evicted: dict[str, int] = {}
         # pod UID -> when claimwarden evicted it: a key still queued for it then finds the pod gone,
         # which is no eviction attempt of its own to count as "gone".
@@ -214,12 +218,15 @@ class Evictions:
             self._unblock(key)
             return
         pod = evicted
+        was_refused = key in self._pdb_attempts
         entry = breaker.Recent(f"{namespace}/{pod_name}", now())
         self.recent(record).append(entry)
         if self._on_recent is not None:
             self._on_recent(record_name, entry)
         self._release(ref.driver)
         self._unblock(key)
+        if was_refused:
+            self._promote_next(namespace)
         self._remember_evicted(uid)
         metrics.EVICTIONS.labels("evicted").inc()
         marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
@@ -236,7 +243,19 @@ class Evictions:
 
     def _budget_for(self, key: Hashable) -> FairBudget:
         """The retry budget for a key whose last call a PodDisruptionBudget refused; the shared one otherwise."""
-        return self.retry_budget if key in self._pdb_attempts else self.budget
+        return self.retry_budget if key in self._pdb_attempts and key not in self._promoted else self.budget
+
+    def _promote_next(self, namespace: str) -> None:
+        """A refused eviction of the namespace went through: its PodDisruptionBudget may allow more now. The
+        namespace's next refused eviction goes at once, from the shared budget; each one that goes through
+        promotes the next, one at a time, so a budget that allows one disruption costs one refusal per
+        eviction, and one relaxed for all drains at the shared budget's pace, not the retry budget's."""
+        for key in self._refused_in.get(namespace, {}):
+            if key not in self._promoted:
+                self._promoted.add(key)
+                self.retry_budget.withdraw(key)
+                self.queue.add(key)
+                return
 
     def _pump(self) -> None:
         """Re-queue the parked evictions whose token is there, and come back when the next one will be."""
@@ -420,8 +439,10 @@ class Evictions:
         metrics.EVICTIONS.labels("pdb_blocked").inc()
         attempts = self._pdb_attempts.get(key, 0) + 1
         self._pdb_attempts[key] = attempts
+        self._promoted.discard(key)
         if attempts == 1:
             self._blocked_records[cast(EvictionKey, key)[0]] += 1
+            self._refused_in.setdefault(cast(EvictionKey, key)[1], {})[key] = None
         if attempts == 1:
             self._on_evicted(cast(EvictionKey, key)[0], 0.0)  # its status says so now (controller._settling)
             await self._post_event(pod, "Warning", EVICTION_BLOCKED,
@@ -433,7 +454,12 @@ class Evictions:
         """The key is done with PodDisruptionBudgets: evicted, gone, or no longer due."""
         if self._pdb_attempts.pop(key, None) is None:
             return
-        record_name = cast(EvictionKey, key)[0]
+        self._promoted.discard(key)
+        record_name, namespace = cast(EvictionKey, key)[:2]
+        refused = self._refused_in.get(namespace, {})
+        refused.pop(key, None)
+        if not refused:
+            self._refused_in.pop(namespace, None)
         self._blocked_records[record_name] -= 1
         if self._blocked_records[record_name] <= 0:
             del self._blocked_records[record_name]
