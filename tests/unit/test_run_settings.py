@@ -30,6 +30,7 @@ def test_the_defaults_are_those_of_the_flags() -> None:
     assert (settings.election.lease_seconds, settings.election.renew_deadline_seconds,
             settings.election.retry_seconds) == (15, 10.0, 2.0)
     assert settings.health.workers == 32 and settings.health.breaker.max_fraction == 0.3
+    assert (settings.health.eviction_qps, settings.health.eviction_retry_qps) == (10.0, 1.0)
     # Only start-up discovery fills these (cli._run, with dataclasses.replace).
     assert (settings.server_version, settings.podgroup_version) == ("unknown", None)
 
@@ -37,7 +38,8 @@ def test_the_defaults_are_those_of_the_flags() -> None:
 def test_flags_reach_the_settings() -> None:
     settings = _settings("--controllers=claims,metrics", "--kubeconfig=/tmp/kc", "--namespace=ops",
                          "--metrics-cache-period=0", "--kube-api-qps=20", "--workers=3", "--leader-elect=false",
-                         "--breaker-window=60", "--breaker-max-pods=5", "--eviction-burst=0", "--eviction-workers=0")
+                         "--breaker-window=60", "--breaker-max-pods=5", "--eviction-burst=0", "--eviction-workers=0",
+                         "--eviction-retry-qps=0.5")
     assert settings.controllers == ("claims", "metrics")
     assert (settings.kubeconfig, settings.namespace, settings.workers) == ("/tmp/kc", "ops", 3)
     assert settings.metrics_cache_seconds == 0.0
@@ -45,6 +47,7 @@ def test_flags_reach_the_settings() -> None:
     assert settings.election is None
     assert settings.health.breaker.window == timedelta(seconds=60) and settings.health.breaker.max_pods == 5
     assert (settings.health.eviction_burst, settings.health.workers) == (1, 1)  # at least one of each
+    assert settings.health.eviction_retry_qps == 0.5
 
 
 def test_an_explicit_burst_wins_and_the_lease_duration_is_whole_seconds() -> None:
