@@ -28,7 +28,8 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import breaker, groups, plan, records
+from . import approval, breaker, groups, plan, records
+from .admission import AdmissionPolicies
 from .budget import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from .evictions import Evictions
 from .marks import Marks
@@ -43,6 +44,10 @@ log = logging.getLogger("claimwarden.health")
 RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 BREAKER_OPEN = "EvictionBreakerOpen"
+APPROVAL_IGNORED = "ApprovalIgnored"
+APPROVAL_REMOVED = "ApprovalRemoved"
+RECREATED = (f"the ValidatingAdmissionPolicy {approval.POLICY} or its binding was created again since claimwarden last "
+             "read it, and the approval may have been set in between")
 HOLDING_TTL = 1.0  # seconds a count of the pods holding each driver's devices is reused
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
@@ -79,13 +84,14 @@ class HealthController:
         self.namespace = namespace
         self.settings = settings or HealthSettings()
         self.record_queue = WorkQueue("health-records")
+        self.admission = AdmissionPolicies(kube, on_change=self._approvals_changed)
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
         self.evictions = Evictions(
             kube=kube, cache=cache, post_event=self._event, on_evicted=self.record_queue.add_after,
             breaker_settings=self.settings.breaker,
             budget=TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst),
-            decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
+            decide=self.decision, approved=self.approved, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())))
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api,
                                                   self.quarantine.taint_rule_api_gone)
@@ -96,6 +102,9 @@ class HealthController:
         # record -> (driver, pods it would evict now): unapproved NoExecute records only (the breaker's view).
         self._pending: dict[str, tuple[str, frozenset[str]]] = {}
         self._open: dict[str, bool] = {}
+        self._approval_reported: dict[str, str] = {}  # record -> the ignored approval's reason an Event said
+        # Records whose approval was there when the approval policy was found created again (admission.py).
+        self._distrusted: set[str] = set()
         self._shown: dict[str, tuple[bool, int, int | None]] = {}
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
@@ -221,11 +230,38 @@ class HealthController:
         for record in self.cache.records():
             ref = records.record_ref(record)
             if ref is not None and ref.driver == driver:
-                (recent if breaker.approved_by(record) is None else approved).extend(self.evictions.recent(record))
+                (recent if self.approved(record) is None else approved).extend(self.evictions.recent(record))
         view = breaker.DriverView(holding=frozenset(self._holding_pods().get(driver, set())),
                                   pending=frozenset(pending), recent=tuple(recent), approved_recent=tuple(approved),
                                   in_flight=self.evictions.in_flight(driver))
         return breaker.decide(driver, view, settings, now())
+
+    def approved(self, record: Body) -> str | None:
+        """Who approved the record's evictions past the breaker, when the approval counts (approval.py)."""
+        return self._verdict(record).honoured
+
+    def _verdict(self, record: Body) -> approval.Verdict:
+        if record["metadata"]["name"] in self._distrusted:
+            return approval.judge(record, policy_in_force=False, why=RECREATED)
+        return approval.judge(record, policy_in_force=self.admission.approval_in_force,
+                              why=self.admission.approval_problem)
+
+    async def _approvals_changed(self, recreated: bool) -> None:
+        """The approval policy came or went, or was created again: every approved record is decided again."""
+        for record in self.cache.records():
+            if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
+                if recreated:
+                    self._distrusted.add(record["metadata"]["name"])
+                self.record_queue.add(record["metadata"]["name"])
+
+    async def _remove_approval(self, record: Body, verdict: approval.Verdict) -> None:
+        """Remove an approval set while the approval policy was not in force (approval.py), loudly."""
+        name = record["metadata"]["name"]
+        await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, approval.removal(record))
+        self._distrusted.discard(name)
+        metrics.APPROVALS_IGNORED.labels(verdict.reason).inc()
+        log.warning("record %s: %s", name, verdict.message)
+        await self._event(record, "Warning", APPROVAL_REMOVED, verdict.message)
 
     def _holding_pods(self) -> dict[str, set[str]]:
         """driver -> pods holding its devices: one pass over the claims, reused for HOLDING_TTL seconds."""
@@ -315,7 +351,10 @@ class HealthController:
         released = (memory.exclusive if memory.exclusive is not None else memory.holders) - exclusive
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
-        approved = breaker.approved_by(record)
+        verdict = self._verdict(record)
+        if verdict.reason == approval.UNVERIFIED:
+            await self._remove_approval(record, verdict)
+        approved = verdict.honoured
         decision = self._breaker_for(record, ref, record_plan, approved)
         evicting = decision.allows() or approved is not None
         if evicting:
@@ -339,7 +378,7 @@ class HealthController:
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         held_back = bool(paused) or blocked
-        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
+        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, verdict=verdict,
                                  held_back=held_back,
                                  settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
 
@@ -374,7 +413,7 @@ class HealthController:
             self._record_claims.pop(record_name, None)
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
-                            quarantine: list[str], rule: str, *, paused: str, approved: str | None,
+                            quarantine: list[str], rule: str, *, paused: str, verdict: approval.Verdict,
                             held_back: bool = False, settle: bool = False) -> None:
         """Write the record's status when it changed, paced (counts.py). With `settle` (``_settling``) the
         first write waits until the claims holding the device have let go, for at most FIRST_WRITE_SETTLE
@@ -404,10 +443,14 @@ class HealthController:
         ]
         if paused:
             conditions.append(_condition(status, breaker.CONDITION, "True", "BreakerOpen", paused))
-        approval = None
-        if approved is not None:
-            previous = status.get("approval") or {}
-            approval = previous if previous.get("by") == approved else {"by": approved, "at": format_rfc3339(now())}
+        if verdict.reason:
+            conditions.append(_condition(status, approval.CONDITION, "True" if verdict.honoured else "False",
+                                         verdict.reason, verdict.message))
+            await self._report_ignored(record, status, verdict)
+        elif not self.admission.approval_in_force:
+            # An approval removed for want of the policy stays reported while the policy is missing.
+            conditions += [c for c in status.get("conditions") or []
+                           if c.get("type") == approval.CONDITION and c.get("reason") == approval.UNVERIFIED]
         desired = {
             "observedGeneration": record["metadata"].get("generation"),
             "markedAt": format_rfc3339(marked_at),
@@ -417,7 +460,7 @@ class HealthController:
             "podsWouldEvict": record_plan.would_evict,
             "podsWouldEvictNames": list(record_plan.would_evict_names[:plan.PREVIEW_NAMES_MAX]),
             "adminAccessPods": list(record_plan.admin_access[:plan.PREVIEW_NAMES_MAX]),
-            "approval": approval,
+            "approval": approval.status_approval(verdict, status.get("approval"), format_rfc3339(now())),
             "quarantineClaims": quarantine,
             "deviceHolders": sorted(record_plan.holders),
             "deviceTaintRule": rule,
@@ -449,8 +492,26 @@ class HealthController:
             self._memory[name] = RecordMemory(holders=set(status.get("deviceHolders") or []))
         return self._memory[name]
 
+    async def _report_ignored(self, record: Body, status: Body, verdict: approval.Verdict) -> None:
+        """A Warning Event and a count, once, when a record's approval turns out not to count (the Approved
+        condition in status remembers it across restarts)."""
+        name = record["metadata"]["name"]
+        shown = next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == approval.CONDITION),
+                     None)
+        if verdict.honoured is not None or verdict.reason == approval.UNVERIFIED:  # the removal reported that
+            self._approval_reported.pop(name, None)
+            return
+        if verdict.reason in (shown, self._approval_reported.get(name)):
+            return
+        self._approval_reported[name] = verdict.reason
+        metrics.APPROVALS_IGNORED.labels(verdict.reason).inc()
+        log.warning("record %s: %s", name, verdict.message)
+        await self._event(record, "Warning", APPROVAL_IGNORED, verdict.message)
+
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._approval_reported.pop(name, None)
+        self._distrusted.discard(name)
         self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)

@@ -17,7 +17,7 @@ by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is ret
 until the budget allows it or the mark is cleared.
 
 Right before the call two guards apply, in this order (README "What claimwarden will not do
-without asking"): the blast-radius breaker (breaker.py) — unless the record is approved, an
+without asking"): the blast-radius breaker (breaker.py) — unless the record's approval counts (approval.py), an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
 its limit; taking that room and counting the eviction afterwards are tracked in ``_in_flight``, so
 concurrent workers cannot overshoot — and then the eviction budget (budget.py), one token per
@@ -76,9 +76,11 @@ class Evictions:
                  on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: TokenBucket,
                  decide: Decide | None = None,
+                 approved: Callable[[Body], str | None] | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None) -> None:
         """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
-        `decide(driver)`: the breaker's decision now; `on_paused(record, decision)`: an eviction of the
+        `decide(driver)`: the breaker's decision now; `approved(record)`: who approved the record's evictions past
+        the breaker, when that counts (None: no approval counts); `on_paused(record, decision)`: an eviction of the
         record was held back, look at it again when there may be room (both None: no breaker)."""
         self.kube = kube
         self.cache = cache  # None in unit tests: every claim is then read from the API
@@ -86,6 +88,7 @@ class Evictions:
         self.breaker_settings = breaker_settings
         self.budget = budget
         self.decide = decide
+        self._approved = approved or (lambda _record: None)
         self._post_event = post_event
         self._on_evicted = on_evicted
         self._on_paused = on_paused
@@ -230,7 +233,7 @@ class Evictions:
         """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
         if self.decide is None or not self.breaker_settings.enabled:
             return True
-        if breaker.approved_by(record) is None:
+        if self._approved(record) is None:
             decision = self.decide(driver)
             if not decision.allows():
                 metrics.EVICTIONS_DEFERRED.labels("breaker").inc()
