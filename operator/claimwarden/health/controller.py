@@ -249,10 +249,13 @@ class HealthController:
     async def _approvals_changed(self, recreated: bool) -> None:
         """The approval policy came or went, or was created again: every approved record is decided again."""
         for record in self.cache.records():
+            name = record["metadata"]["name"]
             if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
                 if recreated:
-                    self._distrusted.add(record["metadata"]["name"])
-                self.record_queue.add(record["metadata"]["name"])
+                    self._distrusted.add(name)
+                self.record_queue.add(name)
+            elif _condition_true(record, approval.CONDITION, status="False"):  # an approval removed: said no more
+                self.record_queue.add(name)
 
     async def _remove_approval(self, record: Body, verdict: approval.Verdict) -> None:
         """Remove an approval set while the approval policy was not in force (approval.py), loudly."""
@@ -569,8 +572,8 @@ def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
     return max((decision.frees_at - moment).total_seconds(), 0.0) + 1
 
 
-def _condition_true(record: Body, kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True"
+def _condition_true(record: Body, kind: str, status: str = "True") -> bool:
+    return any(c.get("type") == kind and c.get("status") == status
                for c in (record.get("status") or {}).get("conditions") or [])
 
 
