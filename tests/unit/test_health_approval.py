@@ -44,7 +44,7 @@ def test_a_spec_change_after_the_approval_makes_it_stale() -> None:
 def test_no_approval_counts_without_the_policy_and_it_is_removed_from_the_version_judged() -> None:
     verdict = approval.judge(approved("alice", 2, 2), policy_in_force=False)
     assert verdict.honoured is None and verdict.reason == approval.UNVERIFIED
-    assert "manifests/approval" in verdict.message and "removed" in verdict.message
+    assert "claimwarden-approval" in verdict.message and "not honoured" in verdict.message
     body = approved("alice", 2, 2)
     body["metadata"]["resourceVersion"] = "42"
     assert approval.removal(body) == {"metadata": {"resourceVersion": "42", "annotations": {
@@ -135,8 +135,9 @@ def test_the_poller_follows_the_policy_coming_and_going_and_fails_closed_when_it
     policy, binding = shipped("approval")
 
     async def scenario() -> None:
+        assert not policies.known and not policies.approval_in_force  # nothing counts, nothing is removed yet
         await policies.refresh()  # nothing installed: the first read is a change (to "not in force")
-        assert changes == [False] and gauge(approval.POLICY) == 0 and gauge(MARKING_POLICY) == 0
+        assert changes == [False] and gauge(approval.POLICY) == 0 and gauge(MARKING_POLICY) == 0 and policies.known
         policy["metadata"]["uid"], binding["metadata"]["uid"] = "p1", "b1"
         kube.objects[approval.POLICY], kube.bindings = policy, [binding]
         await policies.refresh()

@@ -35,9 +35,10 @@ class AdmissionPolicies:
         self.kube = kube
         self.on_change = on_change
         self.approval_in_force = False
-        self.approval_problem = "not read yet"
+        self.approval_problem = "the admission policies were not read yet"
         self.marking_in_force: bool | None = None
-        self._read = False
+        self.known = False
+        """False until a read succeeded: approvals do not count then, but are not removed either."""
         self._uids: tuple[str, ...] = ()
 
     async def refresh(self) -> None:
@@ -58,11 +59,11 @@ class AdmissionPolicies:
                           approval.policy_uids(policy, bindings) if in_force else ())
 
     async def _found(self, in_force: bool, problem: str, marking_in_force: bool, uids: tuple[str, ...]) -> None:
-        changed = in_force != self.approval_in_force or not self._read
+        changed = in_force != self.approval_in_force or not self.known
         # A binding added is no gap; the policy or a binding seen before with another UID (or gone) may be one.
         recreated = in_force and self.approval_in_force and bool(self._uids) and (
             uids[0] != self._uids[0] or not set(self._uids[1:]) <= set(uids[1:]))
-        self.approval_in_force, self.approval_problem, self._read = in_force, problem, True
+        self.approval_in_force, self.approval_problem, self.known = in_force, problem, True
         self._uids = uids
         metrics.ADMISSION_POLICY.labels(approval.POLICY).set(1 if in_force else 0)
         metrics.ADMISSION_POLICY.labels(MARKING_POLICY).set(1 if marking_in_force else 0)

@@ -68,8 +68,7 @@ def judge(record: dict[str, Any], *, policy_in_force: bool, why: str = "") -> Ve
     if not policy_in_force:
         why = why or f"the ValidatingAdmissionPolicy {POLICY} (revision {POLICY_REVISION}) or its binding is missing"
         return Verdict(UNVERIFIED, by, generation, current,
-                       f"approval by {by} removed, not honoured: {why}, so the API server did not check who approved; "
-                       f"approve again once it is installed (manifests/approval)")
+                       f"approval by {by} is not honoured: {why}, so the API server did not check who approved")
     if generation is None:
         return Verdict(INCOMPLETE, by, None, current,
                        f"approval by {by} is not honoured: it names no {APPROVED_GENERATION}; approve again with "
@@ -79,6 +78,9 @@ def judge(record: dict[str, Any], *, policy_in_force: bool, why: str = "") -> Ve
                        f"approval by {by} was given for generation {generation}; the spec changed since (generation "
                        f"{current}), so it is not honoured; approve again to evict as the record now says")
     return Verdict(HONOURED, by, generation, current, f"evictions approved by {by} for generation {generation}")
+
+
+REMOVED = "; claimwarden removed it: approve again once the policy is installed (manifests/approval)"
 
 
 def removal(record: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ never let one more through.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -105,6 +106,7 @@ class HealthController:
         self._approval_reported: dict[str, str] = {}  # record -> the ignored approval's reason an Event said
         # Records whose approval was there when the approval policy was found created again (admission.py).
         self._distrusted: set[str] = set()
+        self._removed: dict[str, approval.Verdict] = {}  # record -> the approval removed, while the policy is missing
         self._shown: dict[str, tuple[bool, int, int | None]] = {}
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
@@ -248,6 +250,8 @@ class HealthController:
 
     async def _approvals_changed(self, recreated: bool) -> None:
         """The approval policy came or went, or was created again: every approved record is decided again."""
+        if self.admission.approval_in_force:
+            self._removed.clear()
         for record in self.cache.records():
             name = record["metadata"]["name"]
             if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
@@ -257,14 +261,18 @@ class HealthController:
             elif _condition_true(record, approval.CONDITION, status="False"):  # an approval removed: said no more
                 self.record_queue.add(name)
 
-    async def _remove_approval(self, record: Body, verdict: approval.Verdict) -> None:
-        """Remove an approval set while the approval policy was not in force (approval.py), loudly."""
+    async def _remove_approval(self, record: Body, verdict: approval.Verdict) -> approval.Verdict:
+        """Remove an approval set while the approval policy was not in force (approval.py), loudly; the verdict
+        as the record's condition shows it."""
         name = record["metadata"]["name"]
         await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, approval.removal(record))
         self._distrusted.discard(name)
+        removed = dataclasses.replace(verdict, message=verdict.message + approval.REMOVED)
+        self._removed[name] = removed
         metrics.APPROVALS_IGNORED.labels(verdict.reason).inc()
-        log.warning("record %s: %s", name, verdict.message)
-        await self._event(record, "Warning", APPROVAL_REMOVED, verdict.message)
+        log.warning("record %s: %s", name, removed.message)
+        await self._event(record, "Warning", APPROVAL_REMOVED, removed.message)
+        return removed
 
     def _holding_pods(self) -> dict[str, set[str]]:
         """driver -> pods holding its devices: one pass over the claims, reused for HOLDING_TTL seconds."""
@@ -355,8 +363,8 @@ class HealthController:
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
         verdict = self._verdict(record)
-        if verdict.reason == approval.UNVERIFIED:
-            await self._remove_approval(record, verdict)
+        if verdict.reason == approval.UNVERIFIED and self.admission.known:
+            verdict = await self._remove_approval(record, verdict)
         approved = verdict.honoured
         decision = self._breaker_for(record, ref, record_plan, approved)
         evicting = decision.allows() or approved is not None
@@ -451,9 +459,14 @@ class HealthController:
                                          verdict.reason, verdict.message))
             await self._report_ignored(record, status, verdict)
         elif not self.admission.approval_in_force:
-            # An approval removed for want of the policy stays reported while the policy is missing.
-            conditions += [c for c in status.get("conditions") or []
-                           if c.get("type") == approval.CONDITION and c.get("reason") == approval.UNVERIFIED]
+            # An approval removed for want of the policy stays reported while the policy is missing (its status
+            # write may still be on its way: then from memory).
+            removed = self._removed.get(name)
+            if removed is not None:
+                conditions.append(_condition(status, approval.CONDITION, "False", removed.reason, removed.message))
+            else:
+                conditions += [c for c in status.get("conditions") or []
+                               if c.get("type") == approval.CONDITION and c.get("reason") == approval.UNVERIFIED]
         desired = {
             "observedGeneration": record["metadata"].get("generation"),
             "markedAt": format_rfc3339(marked_at),
@@ -501,7 +514,7 @@ class HealthController:
         name = record["metadata"]["name"]
         shown = next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == approval.CONDITION),
                      None)
-        if verdict.honoured is not None or verdict.reason == approval.UNVERIFIED:  # the removal reported that
+        if verdict.honoured is not None or verdict.reason == approval.UNVERIFIED:  # the removal reports that
             self._approval_reported.pop(name, None)
             return
         if verdict.reason in (shown, self._approval_reported.get(name)):
@@ -515,6 +528,7 @@ class HealthController:
         self._memory.pop(name, None)
         self._approval_reported.pop(name, None)
         self._distrusted.discard(name)
+        self._removed.pop(name, None)
         self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)
