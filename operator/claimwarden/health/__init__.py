@@ -5,6 +5,8 @@ Modules, by what they decide or do:
 - ``records``, ``tolerations``, ``plan``: pure decisions (marks, drain modes, eviction times, object bodies).
 - ``breaker``, ``budget``: pure decisions on how much may be evicted: the blast-radius breaker per
   driver and the eviction budget's token bucket (README "What claimwarden will not do without asking").
+- ``approval``: pure decision on which approvals count (an approver's, for the record's current
+  generation, while the admission policy is installed); ``admission`` reads that policy every 15 s.
 - ``marks``: slice annotations -> UnhealthyDevice records.
 - ``controller``: one record at a time: quarantine, status, which pods to evict and when.
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
