@@ -314,3 +314,40 @@ def test_only_operators_mark_devices_and_drivers_still_write_their_slices(api: c
                                    "driver.example.com/health-checked": None})
         driver.close()
         ops.close()
+
+
+def test_an_approval_set_while_the_binding_was_briefly_gone_is_removed(
+        api: client.ApiClient, lab: LabState, namespace: str, claimwarden: Operator, tmp_path: Path) -> None:
+    """The binding deleted and created again between two of claimwarden's reads: the new UID gives it away."""
+    pool, device = _running_pod_on_a_device(api, namespace)
+    name = f"gap-{namespace}"[:60]
+    kubectl = [f"{lab.bin_dir}/kubectl", f"--kubeconfig={lab.kubeconfig}"]
+    marker = as_user(lab, "marker")
+    with granted(api, "approval-gap-test", RECORD_WRITE, ["marker"]), approvals_only(lab, claimwarden, tmp_path):
+        try:
+            create_record(api, name, pool, device, "NoExecute", "is it broken?")
+            wait_for("the eviction paused", lambda: (condition(read_record(api, name), "EvictionPaused")
+                                                      or {}).get("status") == "True", 30)
+            subprocess.run([*kubectl, "delete", "validatingadmissionpolicybinding", "claimwarden-approval"],
+                           check=True, capture_output=True)
+
+            def forged() -> bool:
+                try:
+                    approve(marker, name, "someone-else", 1)
+                except ApiException:  # the API server has not dropped the binding yet
+                    return False
+                return True
+
+            wait_for("a forged approval admitted", forged, 20, 0.2)
+        finally:
+            subprocess.run([*kubectl, "apply", "-k", str(ROOT / "manifests" / "approval")], check=True,
+                           capture_output=True)
+        try:
+            # Seen as missing or as created again, whichever read came first: the approval goes either way.
+            wait_for("the forged approval removed", lambda: APPROVED_BY not in (
+                read_record(api, name)["metadata"].get("annotations") or {}), 40)
+            assert wait_for("the Warning Event", lambda: events(api, "default", name, "ApprovalRemoved"), 30)
+            assert _alive(api, namespace), "a forged approval let the eviction through"
+        finally:
+            delete_record(api, name)
+            marker.close()

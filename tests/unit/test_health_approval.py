@@ -107,6 +107,7 @@ class FakeKube:
         self.objects: dict[str, dict[str, Any]] = {}
         self.bindings: list[dict[str, Any]] = []
         self.error: ApiError | None = None
+        self.lists = 0
 
     async def get_cluster_object(self, _group_version: str, _plural: str, name: str) -> dict[str, Any] | None:
         if self.error is not None:
@@ -114,6 +115,8 @@ class FakeKube:
         return self.objects.get(name)
 
     async def list_cluster_objects(self, _group_version: str, _plural: str) -> list[dict[str, Any]]:
+        self.lists += 1
+        await asyncio.sleep(0)
         return list(self.bindings)
 
 
@@ -156,5 +159,23 @@ def test_the_poller_follows_the_policy_coming_and_going_and_fails_closed_when_it
         with pytest.raises(ApiError):
             await policies.refresh()  # a passing failure changes nothing (run() logs it and tries again)
         assert changes == [False, True, True, False]
+
+    asyncio.run(scenario())
+
+
+def test_confirm_reads_after_it_is_asked_and_shares_that_read() -> None:
+    kube = FakeKube()
+    policy, binding = shipped("approval")
+    kube.objects[approval.POLICY], kube.bindings = policy, [binding]
+    policies = AdmissionPolicies(kube)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await policies.refresh()
+        assert kube.lists == 1
+        assert await policies.confirm() and kube.lists == 2  # the read before does not count: it began earlier
+        results = await asyncio.gather(*(policies.confirm() for _ in range(10)))
+        assert all(results) and kube.lists <= 4  # ten approvals waiting share the reads
+        kube.bindings = []  # the binding deleted since the last read: the next approval finds out
+        assert not await policies.confirm()
 
     asyncio.run(scenario())

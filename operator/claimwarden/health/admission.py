@@ -9,12 +9,18 @@ looks at every approved record again); so is a policy or binding found with a ne
 created again between two reads: ``on_change(recreated=True)``, whose approvals may have been set
 unchecked in between). The marking policy (manifests/marking) is optional: it is
 only reported.
+
+Reads every 15 s leave a gap: a binding deleted just after a read, an approval forged, and neither
+seen for up to 15 s. So before an approval counts for the first time, ``confirm`` reads again (a read
+that starts after the approval was seen, shared by the approvals that wait for one): the binding is
+then found missing, or created again (new UID), and the approval is removed instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -40,8 +46,20 @@ class AdmissionPolicies:
         self.known = False
         """False until a read succeeded: approvals do not count then, but are not removed either."""
         self._uids: tuple[str, ...] = ()
+        self._lock = asyncio.Lock()
+        self._read_started = float("-inf")  # time.monotonic() when the last read began
+
+    async def confirm(self) -> bool:
+        """Read again (or wait for a read that began after this call): True when the approval policy is still in
+        force, unchanged. A change found is handled as any other (``on_change``)."""
+        asked = time.monotonic()
+        async with self._lock:
+            if self._read_started < asked:
+                await self.refresh()
+        return self.approval_in_force
 
     async def refresh(self) -> None:
+        self._read_started = time.monotonic()
         try:
             await self._refresh()
         except ApiError as exc:
@@ -89,7 +107,8 @@ class AdmissionPolicies:
         while True:
             await asyncio.sleep(INTERVAL)
             try:
-                await self.refresh()
+                async with self._lock:  # so that ``confirm`` waits for a read under way rather than skip it
+                    await self.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the next round retries; what was read last stays in force

@@ -107,6 +107,8 @@ class HealthController:
         # Records whose approval was there when the approval policy was found created again (admission.py).
         self._distrusted: set[str] = set()
         self._removed: dict[str, approval.Verdict] = {}  # record -> the approval removed, while the policy is missing
+        # record -> (by, generation) of the approval a fresh read of the policy confirmed (admission.confirm).
+        self._confirmed: dict[str, tuple[str, int | None]] = {}
         self._shown: dict[str, tuple[bool, int, int | None]] = {}
         self._holding: tuple[float, dict[str, set[str]]] = (-HOLDING_TTL, {})
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
@@ -239,8 +241,27 @@ class HealthController:
         return breaker.decide(driver, view, settings, now())
 
     def approved(self, record: Body) -> str | None:
-        """Who approved the record's evictions past the breaker, when the approval counts (approval.py)."""
-        return self._verdict(record).honoured
+        """Who approved the record's evictions past the breaker, when the approval counts (approval.py) and a read
+        of the policy after it was seen confirmed it (its record's reconcile does that first)."""
+        verdict = self._verdict(record)
+        if verdict.honoured is None or self._confirmed.get(record["metadata"]["name"]) != (verdict.by,
+                                                                                           verdict.generation):
+            return None
+        return verdict.honoured
+
+    async def _judge_approval(self, record: Body) -> approval.Verdict:
+        """The record's approval as it counts now: a new one is confirmed by a fresh read of the policy first, and
+        one the policy did not check is removed (approval.py, admission.py)."""
+        name = record["metadata"]["name"]
+        verdict = self._verdict(record)
+        if verdict.honoured is not None and self._confirmed.get(name) != (verdict.by, verdict.generation):
+            await self.admission.confirm()
+            verdict = self._verdict(record)
+            if verdict.honoured is not None:
+                self._confirmed[name] = (verdict.by, verdict.generation)
+        if verdict.reason == approval.UNVERIFIED and self.admission.known:
+            verdict = await self._remove_approval(record, verdict)
+        return verdict
 
     def _verdict(self, record: Body) -> approval.Verdict:
         if record["metadata"]["name"] in self._distrusted:
@@ -252,6 +273,7 @@ class HealthController:
         """The approval policy came or went, or was created again: every approved record is decided again."""
         if self.admission.approval_in_force:
             self._removed.clear()
+        self._confirmed.clear()
         for record in self.cache.records():
             name = record["metadata"]["name"]
             if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
@@ -362,9 +384,7 @@ class HealthController:
         released = (memory.exclusive if memory.exclusive is not None else memory.holders) - exclusive
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
-        verdict = self._verdict(record)
-        if verdict.reason == approval.UNVERIFIED and self.admission.known:
-            verdict = await self._remove_approval(record, verdict)
+        verdict = await self._judge_approval(record)
         approved = verdict.honoured
         decision = self._breaker_for(record, ref, record_plan, approved)
         evicting = decision.allows() or approved is not None
@@ -529,6 +549,7 @@ class HealthController:
         self._approval_reported.pop(name, None)
         self._distrusted.discard(name)
         self._removed.pop(name, None)
+        self._confirmed.pop(name, None)
         self._status_written.pop(name, None)
         self._pending.pop(name, None)
         self.evictions.forget(name)
