@@ -18,6 +18,9 @@ _SERVING_DNS = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.def
 _SERVING_IPS = ["127.0.0.1", "10.0.0.1"]
 
 
+ADMIN_GROUPS = ("system:masters", "claimwarden:approvers", "claimwarden:operators")
+
+
 def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
@@ -33,11 +36,10 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _name(cn: str, org: str | None = None) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    if org:
-        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-    return x509.Name(attrs)
+def _name(cn: str, *orgs: str) -> x509.Name:
+    """A subject: the user `cn` in the groups `orgs` (the apiserver reads each O as a group)."""
+    return x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in orgs),
+                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def _signed(subject: x509.Name, key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate | None,
@@ -83,7 +85,9 @@ def write_pki(pki_dir: Path) -> None:
     _write_cert(pki_dir / "apiserver.crt", serving)
 
     admin_key = _key()
-    admin = _signed(_name("admin", "system:masters"), admin_key, ca_cert, ca_key,
+    # The lab's admin is also the one who approves evictions past the breaker and marks devices (the groups of
+    # manifests/approval and manifests/marking), as a cluster's on-call admin would be.
+    admin = _signed(_name("admin", *ADMIN_GROUPS), admin_key, ca_cert, ca_key,
                     [(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False), (_usage(), True)])
     _write_key(pki_dir / "admin.key", admin_key)
     _write_cert(pki_dir / "admin.crt", admin)

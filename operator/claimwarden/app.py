@@ -400,6 +400,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         runtime.add_loop(runtime.health.eviction_queue, runtime.health.evictions.reconcile, workers)
         runtime.background.append(asyncio.create_task(
             runtime.health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
+        # Approvals count only while the approval policy is installed: known before the first record reconcile.
+        try:
+            await runtime.health.admission.refresh()
+        except Exception as exc:  # retried every 15 s; until then no approval counts
+            log.warning("reading the admission policies failed: %s; approvals are not honoured until they are read",
+                        exc)
+        runtime.background.append(asyncio.create_task(runtime.health.admission.run(), name="admission-policies"))
     if "reservations" in run_settings.controllers:
         health = runtime.health
         runtime.reservations = ReservationsController(

@@ -84,6 +84,13 @@ EVICTIONS_DEFERRED = Counter("claimwarden_evictions_deferred_total", "Evictions 
                              "call, by reason (breaker: no room is left in the eviction breaker's window, counted "
                              "each time a record's pods or one pod right before its call are held back; "
                              "budget: the eviction budget has no token yet).", ["reason"], registry=REGISTRY)
+ADMISSION_POLICY = Gauge("claimwarden_admission_policy_installed", "1 while the ValidatingAdmissionPolicy and a "
+                         "binding that denies are installed (claimwarden-approval: approvals are honoured only "
+                         "then; claimwarden-marking: optional, limits who may mark), read every 15 s.", ["policy"],
+                         registry=REGISTRY)
+APPROVALS_IGNORED = Counter("claimwarden_approvals_ignored_total", "Records whose approval claimwarden found it may "
+                            "not honour, by reason (ApprovalPolicyMissing, ApprovalStale, ApprovalIncomplete); "
+                            "counted once each time a record's approval turns so.", ["reason"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
 

@@ -24,7 +24,7 @@ from .helpers import create_pods, pod_with_claims, template, wait_for
 from .operator import Operator
 
 DRIVER = "gpu.example.com"
-APPROVAL = "claimwarden.io/approved-by"
+APPROVAL, APPROVED_GENERATION = "claimwarden.io/approved-by", "claimwarden.io/approved-generation"
 NAMESPACE = "breaker"
 
 
@@ -167,15 +167,16 @@ def test_marking_forty_percent_trips_the_breaker_at_thirty_and_approval_and_clea
             objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, record_name,
                                                 {"metadata": {"annotations": {APPROVAL: "someone-else"}}})
         assert refused.value.status in (403, 422) and "approved-by" in str(refused.value.body)
-        me = whoami(api)
-        objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, _record_of(api, *devices[first])[
-            "metadata"]["name"], {"metadata": {"annotations": {APPROVAL: me}}})
+        me = whoami(api)  # the lab's admin is in claimwarden:approvers
+        generation = str(_record_of(api, *devices[first])["metadata"]["generation"])
+        objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, record_name, {"metadata": {"annotations": {
+            APPROVAL: me, APPROVED_GENERATION: generation}}})
         approved = _plugin(big_lab, "approve", "/".join(devices[second]))  # the plugin writes the same annotation
         assert f"evictions approved by {me}" in approved, approved
         wait_for("the approved pods evicted", lambda: not ({first, second} & _running(api)), 60)
         approval = wait_for("status.approval", lambda: (_record_of(api, *devices[first]).get("status") or {}).get(
             "approval"))
-        assert approval["by"] == me and approval["at"]
+        assert approval["by"] == me and approval["at"] and approval["generation"] == int(generation)
         time.sleep(3)
         assert {third, fourth} <= _running(api) and _breaker_gauge(operator) == 1  # 14 > 12: still open
 
@@ -204,8 +205,8 @@ def test_the_api_server_refuses_an_approval_in_someone_elses_name(api: client.Ap
     objects = client.CustomObjectsApi(api)
     try:
         def annotate_as(value: str) -> None:
-            objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name,
-                                                {"metadata": {"annotations": {APPROVAL: value}}})
+            objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {"metadata": {"annotations": {
+                APPROVAL: value, APPROVED_GENERATION: "1"}}})
 
         # The policy is loaded asynchronously after it is created: wait until it refuses.
         def refused() -> ApiException | None:
@@ -229,4 +230,5 @@ def test_the_api_server_refuses_an_approval_in_someone_elses_name(api: client.Ap
 
 
 def annotate_as_none(objects: client.CustomObjectsApi, name: str) -> None:
-    objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {"metadata": {"annotations": {APPROVAL: None}}})
+    objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {"metadata": {"annotations": {
+        APPROVAL: None, APPROVED_GENERATION: None}}})

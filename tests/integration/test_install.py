@@ -68,6 +68,11 @@ def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
     ("patch", "resourceclaims.resource.k8s.io/status", True),
     ("create", "resourceclaims.resource.k8s.io", True),
     ("patch", "unhealthydevices.claimwarden.io/status", True),
+    # Is the approval policy installed? (health/admission.py) Read only; it may not weaken the policy.
+    ("get", "validatingadmissionpolicies.admissionregistration.k8s.io", True),
+    ("list", "validatingadmissionpolicybindings.admissionregistration.k8s.io", True),
+    ("delete", "validatingadmissionpolicybindings.admissionregistration.k8s.io", False),
+    ("patch", "validatingadmissionpolicies.admissionregistration.k8s.io", False),
 ])
 def test_the_service_account_gets_exactly_what_it_needs(lab: LabState, verb: str, resource: str,
                                                         allowed: bool) -> None:

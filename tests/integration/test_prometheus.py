@@ -32,7 +32,8 @@ JOB = "claimwarden"  # the ServiceMonitor's jobLabel value; the rules match job=
 PROMETHEUS, PROMTOOL = Path("/usr/bin/prometheus"), Path("/usr/bin/promtool")
 ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB", "ClaimwardenEvictionBreakerOpen",
           "ClaimwardenNoLeader", "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent",
-          "ClaimwardenDeviceTaintRuleSelectsEverything", "ClaimwardenClaimPendingTooLong"}
+          "ClaimwardenDeviceTaintRuleSelectsEverything", "ClaimwardenClaimPendingTooLong",
+          "ClaimwardenApprovalPolicyMissing"}
 
 
 def tool(path: Path) -> str:

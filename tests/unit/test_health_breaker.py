@@ -8,7 +8,6 @@ from claimwarden.health.breaker import (
     DriverView,
     Recent,
     Settings,
-    approved_by,
     claim_holders,
     decide,
     format_recent,
@@ -111,11 +110,6 @@ def test_recent_evictions_round_trip_through_the_status_and_are_trimmed() -> Non
     stored = format_recent(recent, NOW, timedelta(minutes=10))
     assert stored == [{"pod": "ns/b", "at": "2026-06-01T11:59:00Z"}]
     assert parse_recent({"recentEvictions": [*stored, {"pod": "x"}, "junk"]}) == [recent[1]]
-
-
-def test_approval_is_the_annotation() -> None:
-    assert approved_by({"metadata": {"annotations": {"claimwarden.io/approved-by": "alice"}}}) == "alice"
-    assert approved_by({"metadata": {}}) is None
 
 
 def _shared_claim(name: str, devices: int, holders: int) -> dict[str, object]:

@@ -103,7 +103,8 @@ def test_status_fields(schema: dict[str, Any]) -> None:
     assert props["podsWouldEvictNames"]["maxItems"] == 50
     assert props["adminAccessPods"]["maxItems"] == 50 and props["adminAccessPods"]["items"] == {"type": "string"}
     assert props["recentEvictions"]["items"]["required"] == ["pod", "at"]
-    assert set(props["approval"]["properties"]) == {"by", "at"}
+    assert set(props["approval"]["properties"]) == {"by", "generation", "at"}
+    assert props["approval"]["properties"]["generation"]["type"] == "integer"
 
 
 def test_status_conditions_are_standard(schema: dict[str, Any]) -> None:

@@ -48,7 +48,11 @@ def test_preview_counts_the_pods_of_a_podgroup_the_claim_is_reserved_for() -> No
     assert found.evict == ("ns/m1", "ns/m2") and found.tolerating == 0
 
 
-def test_approval_carries_the_users_name_and_refuses_an_unknown_user() -> None:
-    assert approval("rec", "alice") == {"metadata": {"annotations": {"claimwarden.io/approved-by": "alice"}}}
+def test_approval_carries_the_users_name_and_the_generation_read_and_refuses_an_unknown_user() -> None:
+    record = {"metadata": {"name": "rec", "generation": 3}}
+    assert approval(record, "alice") == {"metadata": {"annotations": {
+        "claimwarden.io/approved-by": "alice", "claimwarden.io/approved-generation": "3"}}}
     with pytest.raises(MarkError):
-        approval("rec", "")
+        approval(record, "")
+    with pytest.raises(MarkError, match="generation"):
+        approval({"metadata": {"name": "rec"}}, "alice")

@@ -15,7 +15,7 @@ from claimwarden import projections
 from claimwarden.cache import Cache
 from claimwarden.claims import plan as claims_plan
 from claimwarden.claims.controller import ClaimsController
-from claimwarden.health import breaker, records
+from claimwarden.health import approval, records
 from claimwarden.health.plan import is_quarantine_claim
 from claimwarden.podclaims import (
     DELETE_PROTECTION_FINALIZER,
@@ -97,7 +97,7 @@ def test_a_slice_keeps_only_the_marks() -> None:
 
 
 def test_a_record_keeps_claimwarden_io_keys_only() -> None:
-    ours = {breaker.APPROVAL_ANNOTATION: "alice", "claimwarden.io/later": "kept"}
+    ours = {approval.APPROVED_BY: "alice", approval.APPROVED_GENERATION: "2", "claimwarden.io/later": "kept"}
     full = {"apiVersion": "claimwarden.io/v1alpha1", "kind": "UnhealthyDevice",
             "metadata": {"name": "r", "uid": "r-uid", "generation": 2,
                          "annotations": {**ours, "kubectl.kubernetes.io/last-applied-configuration": "x" * 100 * KIB},
@@ -106,7 +106,7 @@ def test_a_record_keeps_claimwarden_io_keys_only() -> None:
     projected = projections.record(full)
     assert projected["metadata"]["annotations"] == ours
     assert projected["metadata"]["labels"] == {records.SLICE_LABEL: "n1-gpu"}
-    assert breaker.approved_by(projected) == "alice"
+    assert approval.judge(projected, policy_in_force=True).honoured == "alice"
     assert projected["metadata"]["generation"] == 2
 
 

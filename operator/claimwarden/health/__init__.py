@@ -7,6 +7,8 @@ Modules, by what they decide or do:
   driver and the eviction budget, shared fairly over namespaces (README "What claimwarden will not do
   without asking"); ``breaker_view``: the breaker's per-driver totals, kept up to date as claims,
   records and evictions change.
+- ``approval``: pure decision on which approvals count (an approver's, for the record's current
+  generation, while the admission policy is installed); ``admission`` reads that policy every 15 s.
 - ``marks``: slice annotations -> UnhealthyDevice records.
 - ``controller``: one record at a time: quarantine, status, which pods to evict and when.
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.

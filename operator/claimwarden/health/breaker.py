@@ -11,8 +11,9 @@ computes the same). The limit is a fraction of the pods holding devices of that 
   only while `recent + in flight` stays within the limit: a mark of 40 % of the devices with a
   limit of 30 % evicts exactly 30 %, then pauses.
 - It closes by itself when marks are cleared (pending drops) or evictions leave the window.
-- An approved record (annotation `claimwarden.io/approved-by`, checked by a
-  ValidatingAdmissionPolicy) is outside the breaker: its pods are neither counted nor held back.
+- An approved record is outside the breaker: its pods are neither counted nor held back. Which
+  approvals count (an approver's, for the record's current generation, with the admission policy
+  installed) is approval.py's to decide; the callers pass the answer in.
 
 The "pods holding devices" of a driver are those in `reservedFor` of the claims allocated one of
 its devices (for a PodGroup entry: the group's pods that use the claim; admin-access results, which
@@ -47,7 +48,6 @@ from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 DEFAULT_MAX_FRACTION = 0.3
 DEFAULT_MIN_PODS = 8
 DEFAULT_WINDOW = timedelta(minutes=10)
-APPROVAL_ANNOTATION = "claimwarden.io/approved-by"
 CONDITION = "EvictionPaused"
 RECENT_MAX = 256
 CLAIM_PODS_PER_DEVICE = 1
@@ -153,9 +153,9 @@ def decide(driver: str, view: DriverView, settings: Settings, now: datetime) -> 
         waiting = len(view.pending) - also_pending
         reason = (f"eviction breaker for driver {driver} is open: {counted} pod(s) would be or were evicted "
                   f"within {_duration(settings.window)} ({waiting} pending, {len(recent)} evicted), more than "
-                  f"the limit of {limit} ({_limit_text(settings, population)}); {waiting} pod(s) wait. Approve a "
-                  f"record with `kubectl annotate unhealthydevice <name> {APPROVAL_ANNOTATION}=<your user name>`, "
-                  f"or clear the marks that are wrong")
+                  f"the limit of {limit} ({_limit_text(settings, population)}); {waiting} pod(s) wait. An approver "
+                  f"may approve a record (`kubectl claimwarden approve <pool>/<device>`), or clear the marks that "
+                  f"are wrong")
     return Decision(driver=driver, open=is_open, limit=limit, population=population, pending=len(view.pending),
                     recent=len(recent), room=room, frees_at=frees_at, reason=reason, counted=counted)
 
@@ -211,12 +211,6 @@ def claim_holders(claim: dict[str, Any], skip_namespace: str,
     ordered = sorted(names)
     return {driver: frozenset(f"{namespace}/{name}" for name in ordered[:count * CLAIM_PODS_PER_DEVICE])
             for driver, count in devices.items()}
-
-
-def approved_by(record: dict[str, Any]) -> str | None:
-    """The user who approved the record's evictions (admission checked the name), or None."""
-    value = (metadata(record).get("annotations") or {}).get(APPROVAL_ANNOTATION)
-    return str(value) if value else None
 
 
 def parse_recent(status: Mapping[str, Any]) -> list[Recent]:

@@ -15,6 +15,7 @@ never let one more through.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -29,7 +30,8 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import breaker, groups, plan, records
+from . import approval, breaker, groups, plan, records
+from .admission import AdmissionPolicies
 from .breaker_view import BreakerView
 from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
 from .evictions import Evictions
@@ -46,6 +48,10 @@ RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 BREAKER_OPEN = "EvictionBreakerOpen"
 POPULATION_RESYNC = 60.0  # seconds between rebuilds of the pods holding devices from all claims (missed events)
+APPROVAL_IGNORED = "ApprovalIgnored"
+APPROVAL_REMOVED = "ApprovalRemoved"
+RECREATED = (f"the ValidatingAdmissionPolicy {approval.POLICY} or its binding was created again since claimwarden last "
+             "read it, and the approval may have been set in between")
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
 RULE_DEFER_MAX = 30.0  # seconds after the mark a DeviceTaintRule may wait for the record's evictions
@@ -83,6 +89,7 @@ class HealthController:
         self.namespace = namespace
         self.settings = settings or HealthSettings()
         self.record_queue = WorkQueue("health-records")
+        self.admission = AdmissionPolicies(kube, on_change=self._approvals_changed)
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
         self.evictions = Evictions(
@@ -90,7 +97,7 @@ class HealthController:
             breaker_settings=self.settings.breaker,
             budget=FairBudget(TokenBucket(qps=self.settings.eviction_qps, burst=self.settings.eviction_burst)),
             retry_budget=FairBudget(TokenBucket(qps=self.settings.eviction_retry_qps, burst=RETRY_BURST)),
-            decide=self.decision, on_paused=lambda name, decision: self.record_queue.add_after(
+            decide=self.decision, approved=self.approved, on_paused=lambda name, decision: self.record_queue.add_after(
                 name, _until_room(decision, now())), on_recent=self._on_recent)
         self.unselective_rules = UnselectiveRules(kube, self.quarantine.taint_rule_api,
                                                   self.quarantine.taint_rule_api_gone)
@@ -102,6 +109,12 @@ class HealthController:
         self._records_seeded = False
         self._population_synced = -POPULATION_RESYNC
         self._open: dict[str, bool] = {}
+        self._approval_reported: dict[str, str] = {}  # record -> the ignored approval's reason an Event said
+        # Records whose approval was there when the approval policy was found created again (admission.py).
+        self._distrusted: set[str] = set()
+        self._removed: dict[str, approval.Verdict] = {}  # record -> the approval removed, while the policy is missing
+        # record -> (by, generation) of the approval a fresh read of the policy confirmed (admission.confirm).
+        self._confirmed: dict[str, tuple[str, int | None]] = {}
         self._shown: dict[str, tuple[bool, int, int | None]] = {}
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
@@ -240,6 +253,64 @@ class HealthController:
                 (str(claim["metadata"].get("namespace") or ""), str(claim["metadata"].get("name") or "")):
                     self._claim_holders(claim) for claim in self.cache.claims()})
 
+    def approved(self, record: Body) -> str | None:
+        """Who approved the record's evictions past the breaker, when the approval counts (approval.py) and a read
+        of the policy after it was seen confirmed it (its record's reconcile does that first)."""
+        verdict = self._verdict(record)
+        if verdict.honoured is None or self._confirmed.get(record["metadata"]["name"]) != (verdict.by,
+                                                                                           verdict.generation):
+            return None
+        return verdict.honoured
+
+    async def _judge_approval(self, record: Body) -> approval.Verdict:
+        """The record's approval as it counts now: a new one is confirmed by a fresh read of the policy first, and
+        one the policy did not check is removed (approval.py, admission.py)."""
+        name = record["metadata"]["name"]
+        verdict = self._verdict(record)
+        if verdict.honoured is not None and self._confirmed.get(name) != (verdict.by, verdict.generation):
+            await self.admission.confirm()
+            verdict = self._verdict(record)
+            if verdict.honoured is not None:
+                self._confirmed[name] = (verdict.by, verdict.generation)
+        if verdict.reason == approval.UNVERIFIED and self.admission.known:
+            verdict = await self._remove_approval(record, verdict)
+        return verdict
+
+    def _verdict(self, record: Body) -> approval.Verdict:
+        if record["metadata"]["name"] in self._distrusted:
+            return approval.judge(record, policy_in_force=False, why=RECREATED)
+        return approval.judge(record, policy_in_force=self.admission.approval_in_force,
+                              why=self.admission.approval_problem)
+
+    async def _approvals_changed(self, recreated: bool) -> None:
+        """The approval policy came or went, or was created again: every approved record is decided again."""
+        if self.admission.approval_in_force:
+            self._removed.clear()
+        self._confirmed.clear()
+        for record in self.cache.records():
+            name = record["metadata"]["name"]
+            if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
+                if recreated:
+                    self._distrusted.add(name)
+                if self._records_seeded:  # the breaker's totals follow what counts now, before the reconcile
+                    self._note_record(record)
+                self.record_queue.add(name)
+            elif _condition_true(record, approval.CONDITION, status="False"):  # an approval removed: said no more
+                self.record_queue.add(name)
+
+    async def _remove_approval(self, record: Body, verdict: approval.Verdict) -> approval.Verdict:
+        """Remove an approval set while the approval policy was not in force (approval.py), loudly; the verdict
+        as the record's condition shows it."""
+        name = record["metadata"]["name"]
+        await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, approval.removal(record))
+        self._distrusted.discard(name)
+        removed = dataclasses.replace(verdict, message=verdict.message + approval.REMOVED)
+        self._removed[name] = removed
+        metrics.APPROVALS_IGNORED.labels(verdict.reason).inc()
+        log.warning("record %s: %s", name, removed.message)
+        await self._event(record, "Warning", APPROVAL_REMOVED, removed.message)
+        return removed
+
     def _claim_holders(self, claim: Body) -> dict[str, frozenset[str]]:
         pods = self.cache.pods()
         return breaker.claim_holders(claim, self.namespace, lambda claim: [
@@ -252,7 +323,7 @@ class HealthController:
         if ref is None:
             self.breaker_view.forget(name)
             return
-        self.breaker_view.register(name, ref.driver, approved=breaker.approved_by(record) is not None,
+        self.breaker_view.register(name, ref.driver, approved=self.approved(record) is not None,
                                    recent=lambda: list(self.evictions.recent(record)))
 
     def _on_recent(self, record_name: str, entry: breaker.Recent) -> None:
@@ -332,7 +403,8 @@ class HealthController:
         released = (memory.exclusive if memory.exclusive is not None else memory.holders) - exclusive
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
-        approved = breaker.approved_by(record)
+        verdict = await self._judge_approval(record)
+        approved = verdict.honoured
         decision = self._breaker_for(record, ref, record_plan, approved)
         evicting = decision.allows() or approved is not None
         if evicting:
@@ -356,7 +428,7 @@ class HealthController:
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
         held_back = bool(paused) or blocked
-        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, approved=approved,
+        await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, verdict=verdict,
                                  held_back=held_back,
                                  settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
 
@@ -394,7 +466,7 @@ class HealthController:
             self._record_claims.pop(record_name, None)
 
     async def _write_status(self, record: Body, marked_at: datetime.datetime, record_plan: plan.RecordPlan,
-                            quarantine: list[str], rule: str, *, paused: str, approved: str | None,
+                            quarantine: list[str], rule: str, *, paused: str, verdict: approval.Verdict,
                             held_back: bool = False, settle: bool = False) -> None:
         """Write the record's status when it changed, paced (counts.py). With `settle` (``_settling``) the
         first write waits until the claims holding the device have let go, for at most FIRST_WRITE_SETTLE
@@ -424,10 +496,19 @@ class HealthController:
         ]
         if paused:
             conditions.append(_condition(status, breaker.CONDITION, "True", "BreakerOpen", paused))
-        approval = None
-        if approved is not None:
-            previous = status.get("approval") or {}
-            approval = previous if previous.get("by") == approved else {"by": approved, "at": format_rfc3339(now())}
+        if verdict.reason:
+            conditions.append(_condition(status, approval.CONDITION, "True" if verdict.honoured else "False",
+                                         verdict.reason, verdict.message))
+            await self._report_ignored(record, status, verdict)
+        elif not self.admission.approval_in_force:
+            # An approval removed for want of the policy stays reported while the policy is missing (its status
+            # write may still be on its way: then from memory).
+            removed = self._removed.get(name)
+            if removed is not None:
+                conditions.append(_condition(status, approval.CONDITION, "False", removed.reason, removed.message))
+            else:
+                conditions += [c for c in status.get("conditions") or []
+                               if c.get("type") == approval.CONDITION and c.get("reason") == approval.UNVERIFIED]
         desired = {
             "observedGeneration": record["metadata"].get("generation"),
             "markedAt": format_rfc3339(marked_at),
@@ -437,7 +518,7 @@ class HealthController:
             "podsWouldEvict": record_plan.would_evict,
             "podsWouldEvictNames": list(record_plan.would_evict_names[:plan.PREVIEW_NAMES_MAX]),
             "adminAccessPods": list(record_plan.admin_access[:plan.PREVIEW_NAMES_MAX]),
-            "approval": approval,
+            "approval": approval.status_approval(verdict, status.get("approval"), format_rfc3339(now())),
             "quarantineClaims": quarantine,
             "deviceHolders": sorted(record_plan.holders),
             "deviceTaintRule": rule,
@@ -469,8 +550,28 @@ class HealthController:
             self._memory[name] = RecordMemory(holders=set(status.get("deviceHolders") or []))
         return self._memory[name]
 
+    async def _report_ignored(self, record: Body, status: Body, verdict: approval.Verdict) -> None:
+        """A Warning Event and a count, once, when a record's approval turns out not to count (the Approved
+        condition in status remembers it across restarts)."""
+        name = record["metadata"]["name"]
+        shown = next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == approval.CONDITION),
+                     None)
+        if verdict.honoured is not None or verdict.reason == approval.UNVERIFIED:  # the removal reports that
+            self._approval_reported.pop(name, None)
+            return
+        if verdict.reason in (shown, self._approval_reported.get(name)):
+            return
+        self._approval_reported[name] = verdict.reason
+        metrics.APPROVALS_IGNORED.labels(verdict.reason).inc()
+        log.warning("record %s: %s", name, verdict.message)
+        await self._event(record, "Warning", APPROVAL_IGNORED, verdict.message)
+
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._approval_reported.pop(name, None)
+        self._distrusted.discard(name)
+        self._removed.pop(name, None)
+        self._confirmed.pop(name, None)
         self._status_written.pop(name, None)
         self.breaker_view.forget(name)
         self.evictions.forget(name)
@@ -528,8 +629,8 @@ def _until_room(decision: breaker.Decision, moment: datetime.datetime) -> float:
     return max((decision.frees_at - moment).total_seconds(), 0.0) + 1
 
 
-def _condition_true(record: Body, kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True"
+def _condition_true(record: Body, kind: str, status: str = "True") -> bool:
+    return any(c.get("type") == kind and c.get("status") == status
                for c in (record.get("status") or {}).get("conditions") or [])
 
 

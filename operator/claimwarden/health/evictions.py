@@ -17,7 +17,7 @@ by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is ret
 until the budget allows it or the mark is cleared.
 
 Right before the call the blast-radius breaker applies (breaker.py, README "What claimwarden will
-not do without asking"): unless the record is approved, an
+not do without asking"): unless the record's approval counts (approval.py), an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
 its limit; taking that room and counting the eviction afterwards are tracked in ``_in_flight``, so
 concurrent workers cannot overshoot. An eviction the breaker holds back is dropped here; its record
@@ -84,14 +84,16 @@ class Evictions:
                  on_evicted: Callable[[str, float], None],
                  breaker_settings: breaker.Settings, budget: FairBudget, retry_budget: FairBudget,
                  decide: Decide | None = None,
+                 approved: Callable[[Body], str | None] | None = None,
                  on_paused: Callable[[str, breaker.Decision], None] | None = None,
                  on_recent: Callable[[str, breaker.Recent], None] | None = None) -> None:
         """`on_evicted(record, delay)`: look at the record again after `delay` seconds (its counts changed);
         `budget`: tokens for the Eviction API calls; `retry_budget`: the same for retries of calls a
         PodDisruptionBudget refused (budget.py); `decide(driver)`: the breaker's decision now;
-        `on_paused(record, decision)`: an eviction of the record was held back, look at it again when there
-        may be room (both None: no breaker); `on_recent(record, eviction)`: an eviction was added to the
-        record's recent ones (the breaker's totals, breaker_view.py)."""
+        `approved(record)`: who approved the record's evictions past the breaker, when that counts (None: no
+        approval counts); `on_paused(record, decision)`: an eviction of the record was held back, look at it
+        again when there may be room (both None: no breaker); `on_recent(record, eviction)`: an eviction was
+        added to the record's recent ones (the breaker's totals, breaker_view.py)."""
         self.kube = kube
         self.cache = cache  # None in unit tests: every claim is then read from the API
         self.queue = WorkQueue("health-evictions")
@@ -100,6 +102,7 @@ class Evictions:
         self.retry_budget = retry_budget
         self._pump_handle: asyncio.TimerHandle | None = None
         self.decide = decide
+        self._approved = approved or (lambda _record: None)
         self._post_event = post_event
         self._on_evicted = on_evicted
         self._on_paused = on_paused
@@ -310,7 +313,7 @@ class Evictions:
         """Take room for one eviction, or say no (and have the record looked at again when room frees)."""
         if self.decide is None or not self.breaker_settings.enabled:
             return True
-        if breaker.approved_by(record) is None:
+        if self._approved(record) is None:
             decision = self.decide(driver)
             if not decision.allows():
                 metrics.EVICTIONS_DEFERRED.labels("breaker").inc()

@@ -332,15 +332,16 @@ def _approve(cluster: Any, args: argparse.Namespace) -> int:
         review = cluster.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                                  {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
         username = str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
-        patch = approval(name, username)
+        patch = approval(record, username)
     except MarkError as exc:
         raise InputError(str(exc)) from None
     body = cluster.request("PATCH", f"{RECORDS}/{name}", patch, content_type="application/merge-patch+json")
     if args.output:
         _emit(body, args.output)
     else:
-        print(f"{ref}: evictions approved by {username} (record unhealthydevice/{name}); claimwarden records it "
-              "in status.approval")
+        generation = (body.get("metadata") or {}).get("generation")
+        print(f"{ref}: evictions approved by {username} for generation {generation} (record unhealthydevice/{name}); "
+              "claimwarden records it in status.approval, and a later change of the record's spec needs a new approval")
     return EXIT_OK
 
 

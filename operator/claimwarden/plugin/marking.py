@@ -134,14 +134,20 @@ def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
     return Preview(tuple(sorted(f"{e.namespace}/{e.pod}" for e in decided.evict)), decided.tolerated)
 
 
-def approval(record_name: str, username: str) -> dict[str, Any]:
-    """The merge patch that approves a record's evictions past the breaker, as `username`.
+def approval(record: Obj, username: str) -> dict[str, Any]:
+    """The merge patch that approves a record's evictions past the breaker, as `username`, for the record's
+    generation as read (the spec the user is shown).
 
-    The ValidatingAdmissionPolicy in manifests/approval refuses any other value than the name of the
-    user who sends it, so the record's status.approval can say who approved.
+    The ValidatingAdmissionPolicy in manifests/approval refuses it unless the user is in the approvers group,
+    the name is the user's own, and the generation is still the record's, so the record's status.approval can
+    say who approved what.
     """
-    from claimwarden.health.breaker import APPROVAL_ANNOTATION
+    from claimwarden.health.approval import APPROVED_BY, APPROVED_GENERATION
 
+    name = (record.get("metadata") or {}).get("name")
     if not username:
-        raise MarkError(f"cannot approve record {record_name!r}: the cluster did not say who you are")
-    return {"metadata": {"annotations": {APPROVAL_ANNOTATION: username}}}
+        raise MarkError(f"cannot approve record {name!r}: the cluster did not say who you are")
+    generation = (record.get("metadata") or {}).get("generation")
+    if generation is None:
+        raise MarkError(f"cannot approve record {name!r}: it shows no metadata.generation")
+    return {"metadata": {"annotations": {APPROVED_BY: username, APPROVED_GENERATION: str(generation)}}}
