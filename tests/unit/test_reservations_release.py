@@ -226,6 +226,23 @@ def test_a_quarantined_generated_claim_keeps_its_allocation() -> None:
     assert kube.reads() == []
 
 
+def test_a_quarantined_podgroup_claim_is_deleted_with_its_allocation() -> None:
+    """Rule 2 for any generated claim: a PodGroup's claim on a quarantined device, its PodGroup gone, is deleted
+    with its allocation (a deallocation would wake pending pods while the device looks free)."""
+    cached = claim(reserved=[GROUP_ENTRY], generated=False)
+    cached["metadata"]["ownerReferences"] = [{"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                                              "name": "team", "uid": "pg-uid", "controller": True}]
+    replaced = {"metadata": {"name": "team", "namespace": NS, "uid": "another-pg"}, "spec": {}}
+    kube = FakeKube(podgroup=None)
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=replaced, podgroups=True, quarantined=True))
+    assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim", "delete_claim"]
+    # Not quarantined: released as upstream does, deallocated (and left to the garbage collector).
+    kube = FakeKube(podgroup=None)
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=replaced, podgroups=True))
+    assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim_status", "patch_claim"]
+    assert {"op": "remove", "path": "/status/allocation"} in kube.calls[1][1]
+
+
 def test_a_podgroup_reservation_is_dropped_only_after_a_live_read() -> None:
     cached = claim(reserved=[GROUP_ENTRY], generated=False)
     other = {"metadata": {"name": "team", "namespace": NS, "uid": "another-pg"}, "spec": {}}

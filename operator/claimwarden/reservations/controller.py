@@ -37,6 +37,7 @@ from ..podclaims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
     controlling_pod_ref,
+    is_being_deleted,
     is_pod_reservation,
     pod_uid,
     reserved_for,
@@ -229,14 +230,21 @@ class ReservationsController:
         meta = claim["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         status = claim.get("status") or {}
-        # A generated claim on a quarantined device is released by deleting it with its allocation:
-        # a deallocation would wake pending pods while the scheduler briefly sees the device free.
-        keep_allocation = claim_plan.deallocate and controlling_pod_ref(claim) is not None and self._quarantined(claim)
+        # A generated claim (its pod's, its PodGroup's, or the scheduler's for an extended resource) on a
+        # quarantined device is released by deleting it with its allocation (rule 2 of the quarantine trap,
+        # health/__init__.py; README "Keeping new work away"): a deallocation would wake pending pods while
+        # the scheduler briefly sees the device free.
+        keep_allocation = claim_plan.deallocate and _owned(claim) and self._quarantined(claim)
         if keep_allocation:
             claim_plan = replace(claim_plan, deallocate=False)
         # Such a claim goes (the garbage collector deletes it, or claimwarden does below): its reservations
         # go with it, and only its finalizer needs a write. It holds the device until it is gone, as above.
         going = keep_allocation and not claim_plan.keep and claim_plan.remove_finalizer
+        if going and controlling_pod_ref(claim) is None and not is_being_deleted(claim) and \
+                any(is_podgroup_reservation(entry) for entry in claim_plan.drop):
+            # A PodGroup's claim whose PodGroup is gone (or replaced): the garbage collector would delete it
+            # too, and deleting it now keeps its allocation to the end.
+            claim_plan = replace(claim_plan, delete_claim=True)
         if going:
             metrics.RESERVATIONS_REMOVED.inc(len(claim_plan.drop))
             log.info("claim %s/%s: on a quarantined device, released with its reservations and allocation",
@@ -270,7 +278,8 @@ class ReservationsController:
         if claim_plan.delete_claim and await self.kube.delete_claim(namespace, name, meta["uid"],
                                                                     claim["metadata"].get("resourceVersion")):
             metrics.CLAIM_DELETIONS.inc()
-            log.info("claim %s/%s: deleted, its pod is done", namespace, name)
+            log.info("claim %s/%s: deleted, its %s", namespace, name,
+                     "pod is done" if controlling_pod_ref(claim) is not None else "PodGroup is gone")
 
     async def _note_limit(self, claim: Body, claim_plan: plan.ClaimPlan) -> None:
         """A Warning Event once when a claim crosses 90 % of the reservation limit."""
@@ -291,6 +300,12 @@ class ReservationsController:
 
     def forget(self, uid: str) -> None:
         self._warned_near_limit.discard(uid)
+
+
+def _owned(claim: Body) -> bool:
+    """A generated claim: controlled by a pod (from a template, or the scheduler's extended-resource claim) or by
+    a PodGroup (1.36+). Such a claim is deleted once its owner is done, never reused."""
+    return controlling_pod_ref(claim) is not None or podgroups.controlling_podgroup_ref(claim) is not None
 
 
 def _destructive(claim_plan: plan.ClaimPlan) -> bool:
