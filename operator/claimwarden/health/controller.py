@@ -383,8 +383,7 @@ class HealthController:
         health/__init__.py); else it is released, once a live read confirms the record is gone."""
         siblings = self._records_for(ref) if ref is not None else []
         if ref is not None and not siblings:
-            self._device_memory.pop(ref, None)
-            self._device_locks.pop(ref, None)
+            self._device_memory.pop(ref, None)  # (its lock stays: a record of the device may be syncing now)
         # Freeing a device is destructive: confirm the record is really gone first.
         if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is not None:
             return

@@ -81,16 +81,12 @@ class Quarantine:
                 if str(c["metadata"].get("uid")) not in self._deleted]
 
     def device_labelled(self, label: str) -> DeviceRef | None:
-        """The device of the quarantine claims carrying `label`, from their allocation or annotation; None
-        without such claims (what a record gone while this process did not know it leaves to go by)."""
+        """The device the quarantine claims carrying `label` are allocated; None without such allocated claims
+        (what a record gone while this process did not know it leaves to go by; an unallocated claim protects
+        nothing and is released by its label)."""
         for claim in self.claims_labelled(label):
             for device in allocated_devices(claim):
                 return DeviceRef(*device)
-            annotated = str((claim["metadata"].get("annotations") or {}).get(plan.DEVICE_ANNOTATION) or "")
-            driver, _, rest = annotated.partition("/")
-            pool, _, device_name = rest.rpartition("/")
-            if driver and pool and device_name:
-                return DeviceRef(driver, pool, device_name)
         return None
 
     async def sync(self, ref: DeviceRef, *, needed: bool, held: bool, released: bool,
