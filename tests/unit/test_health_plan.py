@@ -15,6 +15,7 @@ from claimwarden.health.plan import (
     plan_record,
     quarantine_allocation,
     quarantine_claim_body,
+    scheduler_retries_on_claim_deletion,
     slice_node,
     taint_for,
 )
@@ -510,3 +511,12 @@ def test_pods_evicted_already_are_neither_evicted_again_nor_pending_before_the_c
     assert decided.holders == ("ns/claim",), "its claim still holds the device until it is released"
     assert plan_for(make_record(), [claim], pods).pending == 2, "without it, both are pending"
 
+
+@pytest.mark.parametrize(("version", "retries"), [
+    ("v1.34.4", False), ("v1.35.4", False), ("v1.36.3", False), ("v1.37.2", True), ("v1.38.0-alpha.1", True),
+    ("v2.0.0", True), ("1.36.3", False), ("unknown", True), ("", True),
+])
+def test_the_scheduler_retries_pending_pods_on_a_claim_deletion_from_1_37(version: str, retries: bool) -> None:
+    """kube-scheduler 1.37 registers claim deletions for its DRA plugin (1.34-1.36: additions and updates only):
+    rule 4 of the quarantine trap then keeps generated claims on a quarantined device."""
+    assert scheduler_retries_on_claim_deletion(version) is retries

@@ -36,4 +36,12 @@ forgot the device while the other record's claim still held it. The rules, refer
    it: up to 1.36 a deletion does not wake pending pods.
 3. On clearing, the quarantine claim is deallocated (waking waiting pods, which may now take the
    device) and then deleted.
+4. From 1.37 kube-scheduler also retries pending pods when an allocated claim is deleted
+   (``preQueueingHint`` in its dynamicresources plugin), so rule 2's deletion opens the same window
+   as a deallocation: the waiting pod takes the device before the new quarantine claim is
+   allocated. Where no DeviceTaintRule keeps pending pods off the device meanwhile, a generated
+   claim on a quarantined device keeps its allocation and its delete-protection finalizer (its
+   reservations go) until the mark is cleared; the scheduler never sees the device let go, and no
+   quarantine claim is needed while it holds it. Where DeviceTaintRule is served, its rule is
+   written at once (not after the evictions) and keeps pending pods off through the window.
 """

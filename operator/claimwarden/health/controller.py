@@ -60,6 +60,9 @@ class HealthSettings:
     eviction_burst: int = DEFAULT_BURST
     workers: int = 32
     """Workers of the record and the eviction queues: a burst of marks is mostly waiting on round trips."""
+    claim_deletion_wakes_pods: bool = False
+    """kube-scheduler retries pending pods when an allocated claim is deleted (1.37+,
+    ``plan.scheduler_retries_on_claim_deletion``): rule 4 of the quarantine trap applies (health/__init__.py)."""
 
 
 @dataclass
@@ -168,6 +171,13 @@ class HealthController:
         claims on quarantined devices, which stay held by their allocation meanwhile."""
         meta = claim.get("metadata") or {}
         return self.quarantined(claim) and self.wave.holds(("claim", meta.get("namespace"), meta.get("name")))
+
+    def keeps_allocation(self, claim: Body) -> bool:
+        """Rule 4 of the quarantine trap (health/__init__.py): a generated claim on a quarantined device keeps its
+        allocation until the mark is cleared, where the scheduler retries pending pods on any release of the
+        device (1.37+) and no DeviceTaintRule keeps them off it meanwhile (not served, or not known yet)."""
+        return self.settings.claim_deletion_wakes_pods and not self.quarantine.taint_rules_served() and \
+            self.quarantined(claim)
 
     def quarantined(self, claim: Body) -> bool:
         """True if the claim holds a device that a NoExecute or NoSchedule record quarantines."""
@@ -333,7 +343,9 @@ class HealthController:
         memory.holders, memory.exclusive = holders, exclusive
         # The rule waits for evictions under way, not for ones held back, and not for long.
         blocked = self.evictions.blocked(name)
-        defer_rule = evicting_now and not blocked and \
+        # Not where the scheduler retries pending pods on a claim's deletion (1.37+): the evicted pods' claims may
+        # go before the rule is there, and the rule is what keeps those pods off the device then (rule 4).
+        defer_rule = evicting_now and not blocked and not self.settings.claim_deletion_wakes_pods and \
             (moment - marked_at).total_seconds() < RULE_DEFER_MAX
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""

@@ -7,6 +7,7 @@ keep new work away from it: the quarantine ResourceClaim and, where served, a De
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -120,6 +121,18 @@ def quarantine_step(*, needed: bool, claims: int, held: bool, released: bool) ->
         if claims == 0 and held:
             return QuarantineStep.WAIT
     return QuarantineStep.ASSERT
+
+
+def scheduler_retries_on_claim_deletion(server_version: str) -> bool:
+    """True when kube-scheduler retries pending pods on the deletion of an allocated claim, as it does on a
+    deallocation: from 1.37 (its DRA plugin registers claim deletions; 1.34 to 1.36 register only additions
+    and updates). The scheduler cannot be asked, so the server's version (`/version`'s gitVersion, like
+    "v1.37.2") stands for it, as the control plane's components ship together; an unreadable version counts as
+    new. Where it does, deleting a claim with its allocation (rule 2) no longer wakes nobody (rule 4)."""
+    match = re.match(r"^v?(\d+)\.(\d+)", server_version.strip())
+    if match is None:
+        return True
+    return (int(match.group(1)), int(match.group(2))) >= (1, 37)
 
 
 # --- taints -------------------------------------------------------------------------------------

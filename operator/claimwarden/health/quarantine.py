@@ -251,6 +251,10 @@ class Quarantine:
         if deleted:
             log.info("DeviceTaintRule of record %s deleted", record_name)
 
+    def taint_rules_served(self) -> bool:
+        """True once the served DeviceTaintRule version was found (False before it was asked, or where none is)."""
+        return self._taint_rule_checked and bool(self._taint_rule_version)
+
     def taint_rule_api_gone(self, version: str) -> None:
         """The server stopped serving DeviceTaintRule at `version` (an upgrade): nothing is known of the
         rules any more, and the served version is asked again on the next call (the caller retries)."""
