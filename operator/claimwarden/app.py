@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import kopf
@@ -38,7 +38,7 @@ from .claims.controller import ClaimsController
 from .claims.podgroup_controller import PodGroupsController
 from .health import records
 from .health.controller import HealthController, HealthSettings
-from .health.plan import is_quarantine_claim
+from .health.plan import is_quarantine_claim, scheduler_retries_on_claim_deletion
 from .kube.api import CONNECTION_POOL, Kube
 from .kube.login import client_configuration, connection_info
 from .leader.elector import ElectionSettings, Elector
@@ -393,7 +393,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             claims.podgroups = runtime.podgroups
             runtime.add_loop(runtime.podgroups.queue, runtime.podgroups.reconcile)
     if "health" in run_settings.controllers:
-        runtime.health = HealthController(cache, kube, run_settings.namespace, run_settings.health)
+        runtime.health = HealthController(cache, kube, run_settings.namespace, replace(
+            run_settings.health, claim_deletion_wakes_pods=scheduler_retries_on_claim_deletion(
+                run_settings.server_version)))
         runtime.add_loop(runtime.health.slice_queue, runtime.health.marks.reconcile)
         workers = run_settings.health.workers
         runtime.add_loop(runtime.health.record_queue, runtime.health.reconcile_record, workers)
@@ -411,7 +413,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         health = runtime.health
         runtime.reservations = ReservationsController(
             cache, kube, health.quarantined if health else None, podgroup_version=run_settings.podgroup_version,
-            held=health.release_held if health else None)
+            held=health.release_held if health else None, kept=health.keeps_allocation if health else None)
         runtime.add_loop(runtime.reservations.queue, runtime.reservations.reconcile)
     memo.runtime = runtime
     if run_settings.election is None:

@@ -14,6 +14,7 @@ from typing import Any
 from claimwarden.podclaims import (
     POD_CLAIM_NAME_ANNOTATION,
     TERMINAL_PHASES,
+    allocated_devices,
     claim_statuses,
     controlling_pod_uid,
     is_allocated,
@@ -111,8 +112,13 @@ def stale_reservations(pods: Iterable[Object], claims: Iterable[Object]) -> list
 
 
 def leaked(claims: Iterable[Object], records: Iterable[Object]) -> list[str]:
-    """Generated claims allocated and reserved for nobody, and quarantine claims of records that are gone."""
-    live = {_label(str(_meta(r).get("name"))) for r in records}
+    """Generated claims allocated and reserved for nobody, and quarantine claims of devices no record marks.
+
+    A generated claim on a marked device may keep its allocation until the mark is cleared (rule 4 of the
+    quarantine trap, 1.37+ without DeviceTaintRule)."""
+    records = list(records)
+    live = {_label(str(_meta(r).get("name"))) for r in records} | {_device_label(r) for r in records}
+    marked = {tuple(str((r.get("spec") or {}).get(k) or "") for k in ("driver", "pool", "device")) for r in records}
     found = []
     for claim in claims:
         if not is_allocated(claim) or (claim.get("status") or {}).get("reservedFor"):
@@ -120,7 +126,7 @@ def leaked(claims: Iterable[Object], records: Iterable[Object]) -> list[str]:
         if _is_quarantine(claim):
             if (_meta(claim).get("labels") or {}).get(RECORD_LABEL) not in live:
                 found.append(f"quarantine {_meta(claim).get('name')} without its record")
-        elif _generated(claim):
+        elif _generated(claim) and not set(allocated_devices(claim)) & marked:
             found.append("/".join(_key(claim)))
     return found
 
@@ -131,9 +137,20 @@ def _label(name: str) -> str:
     return label_value(name)
 
 
+def _device_label(record: Object) -> str:
+    from claimwarden.health.plan import device_label
+    from claimwarden.health.records import DeviceRef
+
+    spec = record.get("spec") or {}
+    return device_label(DeviceRef(str(spec.get("driver") or ""), str(spec.get("pool") or ""),
+                                  str(spec.get("device") or "")))
+
+
 def quarantine_beyond_bound(claims: Iterable[Object]) -> list[str]:
+    """More than one quarantine claim per label: one per device (the label of the device), whichever records
+    mark it."""
     counts = Counter((_meta(c).get("labels") or {}).get(RECORD_LABEL) for c in claims if _is_quarantine(c))
-    return [f"record {label}: {n} quarantine claims" for label, n in counts.items() if n > 1]
+    return [f"device {label}: {n} quarantine claims" for label, n in counts.items() if n > 1]
 
 
 def eviction_counts(events: Iterable[Object]) -> Counter[tuple[str, str]]:

@@ -14,11 +14,12 @@ it finds one of these:
   Every `Operator` registers its log file (operator.py), and only the bytes written during the
   test are read.
 - **leftover**: once the test's namespace is gone, claimwarden's objects that nothing justifies
-  any more: a quarantine claim whose record is gone, a record from an annotation that no slice
+  any more: a quarantine claim whose device no record marks, a record from an annotation that no slice
   carries any more, a DeviceTaintRule without its record, and any quarantine claim, record or
   DeviceTaintRule that appeared during the test and is still there.
 - **shared device**: two claims other than claimwarden's quarantine claims are allocated the same
-  device (results with `adminAccess: true` may share and are skipped).
+  device (results with `adminAccess: true` may share and are skipped); or two quarantine claims are
+  (a device has one, whichever records mark it).
 - **stale reservation**: a claim's `reservedFor` names a pod that has been gone (or replaced by
   another UID) for more than 10 s.
 
@@ -192,19 +193,22 @@ def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def shared_devices(claims: Iterable[Object]) -> list[str]:
-    """Devices allocated to two or more claims that are not quarantine claims (admin access aside)."""
+    """Devices allocated to two or more claims that are not quarantine claims (admin access aside), and devices
+    allocated to two or more quarantine claims (one per device, whichever records mark it)."""
     holders: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    parked: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for claim in claims:
-        if is_quarantine_claim(claim):
-            continue
         meta = _meta(claim)
         for result in _results(claim):
             if result.get("adminAccess"):
                 continue
             key = (result.get("driver") or "", result.get("pool") or "", result.get("device") or "")
-            holders[key].append(f"{meta.get('namespace')}/{meta.get('name')}")
+            found = parked if is_quarantine_claim(claim) else holders
+            found[key].append(f"{meta.get('namespace')}/{meta.get('name')}")
     return [f"shared device: {'/'.join(key)} is allocated to {len(names)} claims: {', '.join(sorted(names))}"
-            for key, names in sorted(holders.items()) if len(set(names)) > 1]
+            for key, names in sorted(holders.items()) if len(set(names)) > 1] + [
+        f"quarantine: {'/'.join(key)} is held by {len(names)} quarantine claims: {', '.join(sorted(names))}"
+        for key, names in sorted(parked.items()) if len(set(names)) > 1]
 
 
 def stale_reservations(claims: Iterable[Object], pods: Iterable[Object]) -> dict[tuple[str, ...], str]:
@@ -268,9 +272,11 @@ def leftovers(objects: Objects, *, existed_before: set[str] | None = None) -> li
     """
     problems = []
     record_labels = {_label_value(str(_meta(r).get("name"))) for r in objects.records}
+    # A device's quarantine claim carries the device's label, whichever of its records asked for it.
+    device_labels = {_device_label(r.get("spec") or {}) for r in objects.records}
     record_names = {str(_meta(r).get("name")) for r in objects.records}
     for claim in objects.claims:
-        if is_quarantine_claim(claim) and _meta(claim)["labels"][RECORD_LABEL] not in record_labels:
+        if is_quarantine_claim(claim) and _meta(claim)["labels"][RECORD_LABEL] not in record_labels | device_labels:
             problems.append(f"leftover: quarantine claim {_describe(claim)} names record "
                             f"{_meta(claim)['labels'][RECORD_LABEL]!r}, which is gone")
     for record in objects.records:
@@ -303,6 +309,14 @@ def _label_value(record_name: str) -> str:
     from claimwarden.health.records import label_value
 
     return label_value(record_name)
+
+
+def _device_label(spec: Mapping[str, Any]) -> str:
+    from claimwarden.health.plan import device_label
+    from claimwarden.health.records import DeviceRef
+
+    return device_label(DeviceRef(str(spec.get("driver") or ""), str(spec.get("pool") or ""),
+                                  str(spec.get("device") or "")))
 
 
 # --- the shell: reading a lab --------------------------------------------------------------------

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from claimwarden.health.records import label_value
+from claimwarden.health.plan import device_label
+from claimwarden.health.records import DeviceRef, label_value
 from claimwarden_lab.cluster import CLAIMWARDEN_USER
 from tests.integration.auditor import (
     Objects,
@@ -121,7 +122,14 @@ def test_two_claims_on_one_device_are_reported_but_quarantine_and_admin_claims_m
     [problem] = shared_devices([_claim("a", "ns", "gpu-0"), _claim("b", "other", "gpu-0"), _claim("c", "ns", "gpu-1")])
     assert "gpu.example.com/node-0/gpu-0 is allocated to 2 claims: ns/a, other/b" in problem
     assert shared_devices([_claim("a", "ns", "gpu-0"), _quarantine("q1", "r", "gpu-0"),
-                           _quarantine("q2", "r", "gpu-0"), _claim("m", "ns", "gpu-0", admin=True)]) == []
+                           _claim("m", "ns", "gpu-0", admin=True)]) == []
+
+
+def test_two_quarantine_claims_on_one_device_are_reported() -> None:
+    """One quarantine claim per device, whichever records mark it (health/__init__.py)."""
+    [problem] = shared_devices([_quarantine("q1", "r", "gpu-0"), _quarantine("q2", "manual", "gpu-0"),
+                                _quarantine("q3", "r3", "gpu-1")])
+    assert "gpu.example.com/node-0/gpu-0 is held by 2 quarantine claims" in problem
 
 
 def _pod(name: str, uid: str, namespace: str = "ns") -> dict[str, Any]:
@@ -160,6 +168,14 @@ def test_leftovers_without_their_reason_are_reported() -> None:
     assert "q-orphan" in problems[0] and "gone-record" in problems[0]
     assert "record rec-2" in problems[1] and "gpu-2" in problems[1]
     assert "claimwarden-gone" in problems[2]
+
+
+def test_a_quarantine_claim_with_the_label_of_a_marked_device_is_no_leftover() -> None:
+    """The device's quarantine claim stays while a manual record (any name) marks the device."""
+    device_claim = _claim("q", "claimwarden-system", "gpu-0", labels={
+        "claimwarden.io/record": device_label(DeviceRef("gpu.example.com", "node-0", "gpu-0"))})
+    assert leftovers(Objects(claims=[device_claim], records=[_record("my-own-name", "gpu-0", "manual")])) == []
+    assert "which is gone" in leftovers(Objects(claims=[device_claim], records=[]))[0]
 
 
 def test_a_record_whose_pool_has_no_slice_now_is_kept() -> None:

@@ -10,14 +10,16 @@ import pytest
 from claimwarden.health.plan import (
     Eviction,
     RecordPlan,
+    device_label,
     device_taint_rule_body,
     plan_record,
     quarantine_allocation,
     quarantine_claim_body,
+    scheduler_retries_on_claim_deletion,
     slice_node,
     taint_for,
 )
-from claimwarden.health.records import RECORD_LABEL, TAINT_KEY, DeviceRef, label_value
+from claimwarden.health.records import RECORD_LABEL, TAINT_KEY, DeviceRef, label_value, record_name
 from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
 
 from .claim_fixtures import pod_owner_reference
@@ -353,13 +355,14 @@ def test_plan_with_no_claims() -> None:
 # --- bodies -------------------------------------------------------------------------------------
 
 def test_quarantine_claim_body() -> None:
-    body = quarantine_claim_body(make_record(), "claimwarden", "node-1")
+    body = quarantine_claim_body(REF, "claimwarden", "node-1")
     assert body["apiVersion"] == "resource.k8s.io/v1"
     assert body["kind"] == "ResourceClaim"
     meta = body["metadata"]
-    assert meta["generateName"] == f"{RECORD_NAME}-"
+    assert meta["generateName"] == f"{record_name(REF)}-"
     assert meta["namespace"] == "claimwarden"
-    assert meta["labels"] == {RECORD_LABEL: RECORD_NAME}
+    # The device's label, whichever record asked: one quarantine claim per device.
+    assert meta["labels"] == {RECORD_LABEL: label_value(record_name(REF))} == {RECORD_LABEL: device_label(REF)}
     assert "ownerReferences" not in meta  # released by claimwarden, never by the garbage collector
     assert meta["annotations"] == {"claimwarden.io/device": "gpu.example.com/node-1/gpu-0",
                                    "claimwarden.io/node": "node-1"}
@@ -368,17 +371,22 @@ def test_quarantine_claim_body() -> None:
 
 
 def test_quarantine_claim_body_without_node() -> None:
-    body = quarantine_claim_body(make_record(), "claimwarden", None)
+    body = quarantine_claim_body(REF, "claimwarden", None)
     assert "claimwarden.io/node" not in body["metadata"]["annotations"]
 
 
-def test_quarantine_claim_body_truncates_long_record_name() -> None:
-    record = make_record()
-    record["metadata"]["name"] = "a" * 49 + "." + "b" * 100
-    meta = quarantine_claim_body(record, "claimwarden", None)["metadata"]
-    assert meta["generateName"] == "a" * 49 + "-"
-    assert meta["labels"][RECORD_LABEL] == label_value(record["metadata"]["name"])
+def test_quarantine_claim_body_truncates_long_names() -> None:
+    ref = DeviceRef(DRIVER, "p" * 60, "d" * 63)
+    meta = quarantine_claim_body(ref, "claimwarden", None)["metadata"]
+    assert len(meta["generateName"]) <= 51 and meta["generateName"].endswith("-")
+    assert meta["labels"][RECORD_LABEL] == label_value(record_name(ref))
     assert len(meta["labels"][RECORD_LABEL]) <= 63
+
+
+def test_device_label_is_the_same_for_every_record_of_the_device() -> None:
+    assert device_label(REF) == device_label(DeviceRef(DRIVER, POOL, "gpu-0"))
+    assert device_label(REF) != device_label(DeviceRef(DRIVER, POOL, "gpu-1"))
+    assert device_label(REF) != device_label(DeviceRef("other.example.com", POOL, "gpu-0"))
 
 
 def test_quarantine_allocation_with_node() -> None:
@@ -502,3 +510,13 @@ def test_pods_evicted_already_are_neither_evicted_again_nor_pending_before_the_c
     assert decided.pending == 1 and decided.would_evict_names == ("ns/b",)
     assert decided.holders == ("ns/claim",), "its claim still holds the device until it is released"
     assert plan_for(make_record(), [claim], pods).pending == 2, "without it, both are pending"
+
+
+@pytest.mark.parametrize(("version", "retries"), [
+    ("v1.34.4", False), ("v1.35.4", False), ("v1.36.3", False), ("v1.37.2", True), ("v1.38.0-alpha.1", True),
+    ("v2.0.0", True), ("1.36.3", False), ("unknown", True), ("", True),
+])
+def test_the_scheduler_retries_pending_pods_on_a_claim_deletion_from_1_37(version: str, retries: bool) -> None:
+    """kube-scheduler 1.37 registers claim deletions for its DRA plugin (1.34-1.36: additions and updates only):
+    rule 4 of the quarantine trap then keeps generated claims on a quarantined device."""
+    assert scheduler_retries_on_claim_deletion(version) is retries

@@ -226,6 +226,58 @@ def test_a_quarantined_generated_claim_keeps_its_allocation() -> None:
     assert kube.reads() == []
 
 
+def test_a_quarantined_podgroup_claim_is_deleted_with_its_allocation() -> None:
+    """Rule 2 for any generated claim: a PodGroup's claim on a quarantined device, its PodGroup gone, is deleted
+    with its allocation (a deallocation would wake pending pods while the device looks free)."""
+    cached = claim(reserved=[GROUP_ENTRY], generated=False)
+    cached["metadata"]["ownerReferences"] = [{"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                                              "name": "team", "uid": "pg-uid", "controller": True}]
+    replaced = {"metadata": {"name": "team", "namespace": NS, "uid": "another-pg"}, "spec": {}}
+    kube = FakeKube(podgroup=None)
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=replaced, podgroups=True, quarantined=True))
+    assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim", "delete_claim"]
+    # Not quarantined: released as upstream does, deallocated (and left to the garbage collector).
+    kube = FakeKube(podgroup=None)
+    reconcile(controller(kube, cached_claim=cached, cached_podgroup=replaced, podgroups=True))
+    assert [call for call, _ in kube.calls] == ["get_podgroup", "patch_claim_status", "patch_claim"]
+    assert {"op": "remove", "path": "/status/allocation"} in kube.calls[1][1]
+
+
+def test_a_claim_kept_on_a_quarantined_device_loses_its_reservations_only() -> None:
+    """Rule 4 (1.37+ without DeviceTaintRule): the claim keeps its allocation and its finalizer until the mark
+    is cleared, and is looked at again meanwhile."""
+    kube = FakeKube()
+    reservations = controller(kube, cached_claim=claim(reserved=[reservation()]), quarantined=True)
+    reservations._kept = lambda _claim: True
+    reservations.note_deleted_pod("uid-1")
+    with pytest.raises(Requeue):
+        reconcile(reservations)
+    assert [call for call, _ in kube.calls] == ["patch_claim_status"]
+    assert [op for op in kube.calls[0][1] if op["op"] != "test"] == [{"op": "remove", "path": "/status/reservedFor"}]
+    # Being deleted by the garbage collector, reserved for nobody: nothing is written while the mark stays.
+    deleting = claim(reserved=[])
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z"
+    kube = FakeKube()
+    reservations = controller(kube, cached_claim=deleting, quarantined=True)
+    reservations._kept = lambda _claim: True
+    with pytest.raises(Requeue):
+        reconcile(reservations)
+    assert kube.calls == []
+    # The mark cleared: deallocated and unprotected, like any claim being deleted.
+    reconcile(controller(kube, cached_claim=deleting))
+    assert [call for call, _ in kube.calls] == ["patch_claim_status", "patch_claim"]
+    # Its pod finished but still there, reserved for nobody: not deleted while the mark stays, then deleted.
+    done = claim(reserved=[])
+    kube = FakeKube()
+    reservations = controller(kube, cached_claim=done, cached_pods=[pod(phase="Succeeded")], quarantined=True)
+    reservations._kept = lambda _claim: True
+    with pytest.raises(Requeue):
+        reconcile(reservations)
+    assert kube.calls == []
+    reconcile(controller(kube, cached_claim=done, cached_pods=[pod(phase="Succeeded")]))
+    assert [call for call, _ in kube.calls] == ["delete_claim"]
+
+
 def test_a_podgroup_reservation_is_dropped_only_after_a_live_read() -> None:
     cached = claim(reserved=[GROUP_ENTRY], generated=False)
     other = {"metadata": {"name": "team", "namespace": NS, "uid": "another-pg"}, "spec": {}}

@@ -21,18 +21,31 @@ Modules, by what they decide or do:
 claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never
 hand out a device that an allocated claim holds. But kube-scheduler keeps allocated devices as a
 plain set (``allocateddevices.go``) and removes a device from it whenever *any* claim holding it is
-deallocated or deleted, even while the quarantine claim still holds it. Three rules follow, and the
-code refers to them by number:
+deallocated or deleted, even while the quarantine claim still holds it. Hence **one quarantine claim
+per device**, whichever and however many records mark it (an annotation record and an admin's, say):
+it carries the device's label (``plan.device_label``), and it is released only when no record of the
+device is left. With a claim per record, clearing one record released its claim, and the scheduler
+forgot the device while the other record's claim still held it. The rules, referred to by number:
 
 1. When another claim holding the device lets go, the quarantine is re-asserted with a *new*
    claim: clearing and re-writing the allocation of the old one would be a deallocation, and a
    deallocation makes the scheduler retry pending pods while the device looks free. The old claim
-   is deleted first (the device is already forgotten, and a deletion wakes nobody), so one
-   quarantine claim per record is the bound. It follows that a quarantine claim made while other
+   is deleted first (the device is already forgotten, and a deletion wakes nobody up to 1.36), so
+   one quarantine claim per device is the bound. It follows that a quarantine claim made while other
    claims hold the device protects nothing (they keep it allocated, and their release makes the
    scheduler forget it anyway): the first one is made when they let go (``plan.quarantine_step``).
-2. A generated claim on a quarantined device is released by deleting it with its allocation
-   rather than by deallocating it: in 1.34 a deletion does not wake pending pods.
+   Which holders were seen is the device's memory, so that of its records only one re-asserts.
+2. A generated claim (its pod's, its PodGroup's, or the scheduler's extended-resource claim) on a
+   quarantined device is released by deleting it with its allocation rather than by deallocating
+   it: up to 1.36 a deletion does not wake pending pods.
 3. On clearing, the quarantine claim is deallocated (waking waiting pods, which may now take the
    device) and then deleted.
+4. From 1.37 kube-scheduler also retries pending pods when an allocated claim is deleted
+   (``preQueueingHint`` in its dynamicresources plugin), so rule 2's deletion opens the same window
+   as a deallocation: the waiting pod takes the device before the new quarantine claim is
+   allocated. Where no DeviceTaintRule keeps pending pods off the device meanwhile, a generated
+   claim on a quarantined device keeps its allocation and its delete-protection finalizer (its
+   reservations go) until the mark is cleared; the scheduler never sees the device let go, and no
+   quarantine claim is needed while it holds it. Where DeviceTaintRule is served, its rule is
+   written at once (not after the evictions) and keeps pending pods off through the window.
 """

@@ -15,6 +15,7 @@ never let one more through.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -69,6 +70,9 @@ class HealthSettings:
     """Retries of evictions a PodDisruptionBudget refused take tokens from a budget of their own (budget.py)."""
     workers: int = 32
     """Workers of the record and the eviction queues: a burst of marks is mostly waiting on round trips."""
+    claim_deletion_wakes_pods: bool = False
+    """kube-scheduler retries pending pods when an allocated claim is deleted (1.37+,
+    ``plan.scheduler_retries_on_claim_deletion``): rule 4 of the quarantine trap applies (health/__init__.py)."""
 
 
 @dataclass
@@ -103,6 +107,12 @@ class HealthController:
                                                   self.quarantine.taint_rule_api_gone)
         self.wave = Wave(lambda: self.evictions.queue.busy)
         self._memory: dict[str, RecordMemory] = {}
+        # The quarantine is the device's, whichever records mark it ("one claim per device", health/__init__.py):
+        # what holders were seen when it was last synced, one sync at a time, and which device each record names
+        # (to find its siblings once it is gone).
+        self._device_memory: dict[DeviceRef, RecordMemory] = {}
+        self._device_locks: dict[DeviceRef, asyncio.Lock] = {}
+        self._record_devices: dict[str, DeviceRef] = {}
         # record -> (resourceVersion our last status write returned, the status it wrote).
         self._status_written: dict[str, tuple[int, dict[str, Any]]] = {}
         self.breaker_view = BreakerView()
@@ -184,6 +194,13 @@ class HealthController:
         claims on quarantined devices, which stay held by their allocation meanwhile."""
         meta = claim.get("metadata") or {}
         return self.quarantined(claim) and self.wave.holds(("claim", meta.get("namespace"), meta.get("name")))
+
+    def keeps_allocation(self, claim: Body) -> bool:
+        """Rule 4 of the quarantine trap (health/__init__.py): a generated claim on a quarantined device keeps its
+        allocation until the mark is cleared, where the scheduler retries pending pods on any release of the
+        device (1.37+) and no DeviceTaintRule keeps them off it meanwhile (not served, or not known yet)."""
+        return self.settings.claim_deletion_wakes_pods and not self.quarantine.taint_rules_served() and \
+            self.quarantined(claim)
 
     def quarantined(self, claim: Body) -> bool:
         """True if the claim holds a device that a NoExecute or NoSchedule record quarantines."""
@@ -361,17 +378,13 @@ class HealthController:
         name = cast(str, key)
         record = self.cache.record(name)
         if record is None:
+            ref = self._record_devices.get(name) or self.quarantine.device_labelled(records.label_value(name))
             self._forget_record(name)
             # Fewer marks in force (and the record's evictions leave the window with it): a breaker may close,
             # even when no record of its driver is left to reconcile.
             for driver in [d for d, is_open in self._open.items() if is_open]:
                 await self._note_breaker(self.decision(driver), None)
-            claims = self.quarantine.claims_of(name)
-            # Freeing a device is destructive: confirm the record is really gone first.
-            if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is None:
-                if claims:
-                    await self.quarantine.release(claims)
-                await self.quarantine.drop_taint_rule(name)
+            await self._record_gone(name, ref)
             return
         moment = now()
         if records.is_expired(record, moment):
@@ -397,10 +410,7 @@ class HealthController:
                                        podgroup_members=self.cache.pods_in_podgroup)
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
-        # Only a claim that kept the device allocated in kube-scheduler's eyes makes the quarantine claim be
-        # asserted again when it goes: an admin-access holder (a diagnostics pod) was never counted.
         exclusive = set(record_plan.exclusive_holders)
-        released = (memory.exclusive if memory.exclusive is not None else memory.holders) - exclusive
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
         # the pods to evict still hold the device, README "Keeping new work away").
         verdict = await self._judge_approval(record)
@@ -418,12 +428,13 @@ class HealthController:
             self.record_queue.add_after(name, _until_room(decision, moment))
         evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
         await self._note_breaker(decision, record)
-        quarantine = await self.quarantine.sync(record, ref, needed=record_plan.quarantine_needed,
-                                                held=bool(record_plan.exclusive_holders), released=bool(released))
+        quarantine = await self._sync_quarantine(record, ref, record_plan)
         memory.holders, memory.exclusive = holders, exclusive
         # The rule waits for evictions under way, not for ones held back, and not for long.
         blocked = self.evictions.blocked(name)
-        defer_rule = evicting_now and not blocked and \
+        # Not where the scheduler retries pending pods on a claim's deletion (1.37+): the evicted pods' claims may
+        # go before the rule is there, and the rule is what keeps those pods off the device then (rule 4).
+        defer_rule = evicting_now and not blocked and not self.settings.claim_deletion_wakes_pods and \
             (moment - marked_at).total_seconds() < RULE_DEFER_MAX
         rule = await self.quarantine.sync_taint_rule(record, needed=record_plan.quarantine_needed, defer=defer_rule)
         paused = decision.reason if decision.open and approved is None and record_plan.evict else ""
@@ -431,6 +442,63 @@ class HealthController:
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, verdict=verdict,
                                  held_back=held_back,
                                  settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
+
+    async def _sync_quarantine(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan) -> list[str]:
+        """Sync the device's one quarantine claim (whichever of its records asks); return its names for the
+        record's status ([] for a record whose effect does not quarantine).
+
+        Rule 1 is the device's: the holders seen at the device's last sync decide whether one let go since,
+        so that of two records seeing the same release only the first replaces the claim.
+        """
+        self._record_devices[record["metadata"]["name"]] = ref
+        siblings = self._records_for(ref)
+        quarantining = [r for r in siblings if records.record_effect(r) in QUARANTINE_EFFECTS]
+        if not record_plan.quarantine_needed and quarantining:
+            return []  # another record of the device keeps it from new work
+        names = sorted({record["metadata"]["name"], *(r["metadata"]["name"] for r in siblings)})
+        async with self._device_locks.setdefault(ref, asyncio.Lock()):
+            device = self._device_memory_of(ref, siblings)
+            # Only a claim that kept the device allocated in kube-scheduler's eyes makes the quarantine claim be
+            # asserted again when it goes: an admin-access holder (a diagnostics pod) was never counted.
+            exclusive = set(record_plan.exclusive_holders)
+            released = (device.exclusive if device.exclusive is not None else device.holders) - exclusive
+            quarantine = await self.quarantine.sync(ref, needed=record_plan.quarantine_needed,
+                                                    held=bool(exclusive), released=bool(released),
+                                                    record_names=names)
+            device.holders, device.exclusive = set(record_plan.holders), exclusive
+        return quarantine
+
+    def _device_memory_of(self, ref: DeviceRef, siblings: list[Body]) -> RecordMemory:
+        """The device's memory; after a restart it starts from its records' status.deviceHolders (rule 1 across
+        restarts)."""
+        if ref not in self._device_memory:
+            holders: set[str] = set()
+            for sibling in siblings:
+                holders.update((sibling.get("status") or {}).get("deviceHolders") or [])
+            self._device_memory[ref] = RecordMemory(holders=holders)
+        return self._device_memory[ref]
+
+    async def _record_gone(self, name: str, ref: DeviceRef | None) -> None:
+        """The record is gone. Its device's quarantine claim stays while another record marks the device
+        (that one keeps it: releasing it would make the scheduler forget the device, the trap in
+        health/__init__.py); else it is released, once a live read confirms the record is gone."""
+        siblings = self._records_for(ref) if ref is not None else []
+        if ref is not None and not siblings:
+            self._device_memory.pop(ref, None)  # (its lock stays: a record of the device may be syncing now)
+        # Freeing a device is destructive: confirm the record is really gone first.
+        if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is not None:
+            return
+        if siblings:
+            for sibling in siblings:
+                self.record_queue.add(sibling["metadata"]["name"])
+            log.info("record %s is gone; %s still mark%s device %s, which stays quarantined", name,
+                     ", ".join(r["metadata"]["name"] for r in siblings), "s" if len(siblings) == 1 else "", ref)
+        else:
+            claims = self.quarantine.claims_of(ref, [name]) if ref is not None else \
+                self.quarantine.claims_labelled(records.label_value(name))
+            if claims:
+                await self.quarantine.release(claims)
+        await self.quarantine.drop_taint_rule(name)
 
     def _breaker_for(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                      approved: str | None) -> breaker.Decision:
@@ -572,6 +640,7 @@ class HealthController:
         self._distrusted.discard(name)
         self._removed.pop(name, None)
         self._confirmed.pop(name, None)
+        self._record_devices.pop(name, None)
         self._status_written.pop(name, None)
         self.breaker_view.forget(name)
         self.evictions.forget(name)

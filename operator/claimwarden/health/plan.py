@@ -7,6 +7,7 @@ keep new work away from it: the quarantine ResourceClaim and, where served, a De
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from claimwarden.health.records import (
     label_value,
     record_drain,
     record_effect,
+    record_name,
     record_ref,
     truncate_name,
 )
@@ -119,6 +121,18 @@ def quarantine_step(*, needed: bool, claims: int, held: bool, released: bool) ->
         if claims == 0 and held:
             return QuarantineStep.WAIT
     return QuarantineStep.ASSERT
+
+
+def scheduler_retries_on_claim_deletion(server_version: str) -> bool:
+    """True when kube-scheduler retries pending pods on the deletion of an allocated claim, as it does on a
+    deallocation: from 1.37 (its DRA plugin registers claim deletions; 1.34 to 1.36 register only additions
+    and updates). The scheduler cannot be asked, so the server's version (`/version`'s gitVersion, like
+    "v1.37.2") stands for it, as the control plane's components ship together; an unreadable version counts as
+    new. Where it does, deleting a claim with its allocation (rule 2) no longer wakes nobody (rule 4)."""
+    match = re.match(r"^v?(\d+)\.(\d+)", server_version.strip())
+    if match is None:
+        return True
+    return (int(match.group(1)), int(match.group(2))) >= (1, 37)
 
 
 # --- taints -------------------------------------------------------------------------------------
@@ -321,26 +335,36 @@ def _record_name(record: dict[str, Any]) -> str:
     return str(metadata(record).get("name") or "")
 
 
-def quarantine_claim_body(record: dict[str, Any], namespace: str, node_name: str | None) -> dict[str, Any]:
-    """The quarantine ResourceClaim that parks the record's device (its allocation is written after).
+def device_label(ref: DeviceRef) -> str:
+    """The RECORD_LABEL value of the device's quarantine claims: the label value of the device's annotation
+    record name (``records.record_name``), whichever record asked for the quarantine.
 
-    Deliberately not owned by the record: the garbage collector would delete it, and the scheduler
-    does not look at pending pods again when a claim is deleted. claimwarden deallocates it first
-    (which wakes pending pods) and then deletes it. The device and node are repeated in annotations
-    for people reading `kubectl get resourceclaims -o yaml`.
+    A device has one quarantine claim, however many records mark it (an annotation record and an admin's,
+    say): a claim per record broke the quarantine when one record was cleared (health/__init__.py, "one
+    claim per device"). An annotation record's name is this name, so its claims carry the same label as
+    before.
     """
-    name = _record_name(record)
-    ref = record_ref(record)
-    annotations = {DEVICE_ANNOTATION: str(ref)} if ref else {}
+    return label_value(record_name(ref))
+
+
+def quarantine_claim_body(ref: DeviceRef, namespace: str, node_name: str | None) -> dict[str, Any]:
+    """The quarantine ResourceClaim that parks the device (its allocation is written after).
+
+    Deliberately not owned by a record: the garbage collector would delete it, and the scheduler
+    does not look at pending pods again when a claim is deleted (up to 1.36). claimwarden deallocates
+    it first (which wakes pending pods) and then deletes it. The device and node are repeated in
+    annotations for people reading `kubectl get resourceclaims -o yaml`.
+    """
+    annotations = {DEVICE_ANNOTATION: str(ref)}
     if node_name:
         annotations[NODE_ANNOTATION] = node_name
     return {
         "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {
-            "generateName": f"{truncate_name(name, QUARANTINE_GENERATE_NAME_PREFIX_MAX)}-",
+            "generateName": f"{truncate_name(record_name(ref), QUARANTINE_GENERATE_NAME_PREFIX_MAX)}-",
             "namespace": namespace,
-            "labels": {RECORD_LABEL: label_value(name)},
+            "labels": {RECORD_LABEL: device_label(ref)},
             "annotations": annotations,
         },
         "spec": {"devices": {"requests": [{

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError, NotServed
-from ..podclaims import is_allocated
+from ..podclaims import allocated_devices, is_allocated
 from . import plan, records
 from .records import DeviceRef
 
@@ -24,7 +25,12 @@ EXPECTATION_SECONDS = 60.0  # how long a write of ours may take to come back thr
 RULE_TRUST_SECONDS = 300.0  # how long what this process knows of a record's DeviceTaintRule is trusted
 
 class Quarantine:
-    """The quarantine claims of each record in claimwarden's namespace, and its DeviceTaintRule."""
+    """The quarantine claim of each marked device in claimwarden's namespace, and each record's DeviceTaintRule.
+
+    A device has one quarantine claim, whichever and however many records mark it ("one claim per device"
+    in health/__init__.py): its claims carry the device's label (``plan.device_label``) and are found by it,
+    and by their allocation, so that the claims an older version made per record join them.
+    """
 
     def __init__(self, *, cache: Cache, kube: Kube, namespace: str) -> None:
         self.cache = cache
@@ -33,7 +39,7 @@ class Quarantine:
         self._taint_rule_version: str | None = None
         self._taint_rule_checked = False
         # What this process wrote that the watch may not have brought back yet: claims it deleted (uid ->
-        # when) and the claim it last created and allocated per record. Without them a reconcile right
+        # when) and the claim it last created and allocated per device label. Without them a reconcile right
         # after a re-assertion saw the old claim and the new one, took that for a crash mid-reassert and
         # replaced the new claim again (a churn of quarantine claims under watch lag).
         self._deleted: dict[str, float] = {}
@@ -41,32 +47,61 @@ class Quarantine:
         # record -> (whether its DeviceTaintRule exists, when that was last known).
         self._rules: dict[str, tuple[bool, float]] = {}
 
-    def claims_of(self, record_name: str) -> list[Body]:
-        """The record's quarantine claims, oldest name first."""
+    def claims_of(self, ref: DeviceRef, record_names: Iterable[str] = ()) -> list[Body]:
+        """The device's quarantine claims, oldest name first: those with its label, those allocated the device,
+        and (claims of an older version, one per record) those labelled for one of `record_names` that hold
+        the device or nothing."""
         moment = time.monotonic()
         self._deleted = {uid: at for uid, at in self._deleted.items() if moment - at < EXPECTATION_SECONDS}
-        cached = self.cache.claims_for_record(self.namespace, records.label_value(record_name))
-        claims = [c for c in cached if c["metadata"].get("uid") not in self._deleted]
-        created = self._created.get(record_name)
+        label = plan.device_label(ref)
+        found: dict[str, Body] = {}
+        for claim in self.cache.claims_for_record(self.namespace, label):
+            found[str(claim["metadata"].get("uid"))] = claim
+        for name in record_names:
+            for claim in self.cache.claims_for_record(self.namespace, records.label_value(name)):
+                if not is_allocated(claim) or plan.holds_device(claim, ref):
+                    found[str(claim["metadata"].get("uid"))] = claim
+        for claim in self.cache.claims_holding((ref.driver, ref.pool, ref.device)):
+            if plan.is_quarantine_claim(claim, self.namespace):
+                found[str(claim["metadata"].get("uid"))] = claim
+        claims = [c for uid, c in found.items() if uid not in self._deleted]
+        created = self._created.get(label)
         if created is not None:
             uid = created["metadata"].get("uid")
             same = [c for c in claims if c["metadata"].get("uid") == uid]
             if uid in self._deleted or (same and _version(same[0]) >= _version(created)):
-                del self._created[record_name]  # the cache has caught up (or it is gone again)
+                del self._created[label]  # the cache has caught up (or it is gone again)
             else:  # not in the cache yet, or only as created, before its allocation
                 claims = [c for c in claims if c["metadata"].get("uid") != uid] + [created]
         return sorted(claims, key=lambda c: str(c["metadata"].get("name")))
 
-    async def sync(self, record: Body, ref: DeviceRef, *, needed: bool, held: bool, released: bool) -> list[str]:
-        """Keep the device held by exactly one allocated quarantine claim once nothing else holds it; return
-        the names of the record's quarantine claims.
+    def claims_labelled(self, label: str) -> list[Body]:
+        """The quarantine claims carrying `label` (a device's, or a record's from an older version)."""
+        return [c for c in self.cache.claims_for_record(self.namespace, label)
+                if str(c["metadata"].get("uid")) not in self._deleted]
 
-        `held`: other claims hold the device. While they do, the scheduler counts it as allocated anyway,
-        and a quarantine claim made now would protect nothing (rule 1): it is made when they let go.
-        `released`: another holder let go of the device since the quarantine was last asserted, so the
-        scheduler has forgotten it (rule 1): replace the claim by a new one.
+    def device_labelled(self, label: str) -> DeviceRef | None:
+        """The device the quarantine claims carrying `label` are allocated; None without such allocated claims
+        (what a record gone while this process did not know it leaves to go by; an unallocated claim protects
+        nothing and is released by its label)."""
+        for claim in self.claims_labelled(label):
+            for device in allocated_devices(claim):
+                return DeviceRef(*device)
+        return None
+
+    async def sync(self, ref: DeviceRef, *, needed: bool, held: bool, released: bool,
+                   record_names: Iterable[str] = ()) -> list[str]:
+        """Keep the device held by exactly one allocated quarantine claim once nothing else holds it; return
+        the names of its quarantine claims. The caller holds the device's lock (one sync per device at a time).
+
+        `needed`: a record of the device quarantines it. `held`: other claims hold the device. While they do,
+        the scheduler counts it as allocated anyway, and a quarantine claim made now would protect nothing
+        (rule 1): it is made when they let go. `released`: another holder let go of the device since the
+        quarantine was last asserted, so the scheduler has forgotten it (rule 1): replace the claim by a new
+        one. `record_names`: the device's records, whose claims from an older version (one per record) join
+        the device's.
         """
-        existing = self.claims_of(record["metadata"]["name"])
+        existing = self.claims_of(ref, record_names)
         step = plan.quarantine_step(needed=needed, claims=len(existing), held=held, released=released)
         if step == plan.QuarantineStep.RELEASE:
             await self.release(existing)
@@ -77,12 +112,12 @@ class Quarantine:
             if not is_allocated(existing[0]):  # a crash between creating and allocating it
                 await self._allocate(existing[0], ref)
             return [existing[0]["metadata"]["name"]]
-        # Several claims (a crash mid-reassert, or an older version) count as a reassert too: deleting
-        # any of them makes the scheduler forget the device.
+        # Several claims (a crash mid-reassert, or one per record from an older version) count as a reassert
+        # too: deleting any of them makes the scheduler forget the device.
         for claim in existing:
             await self._delete(claim)
         node = plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
-        body = plan.quarantine_claim_body(record, self.namespace, node)
+        body = plan.quarantine_claim_body(ref, self.namespace, node)
         try:
             created = await self.kube.create_claim(self.namespace, body)
         except ApiError as exc:
@@ -90,7 +125,7 @@ class Quarantine:
                 raise
             await self.kube.create_namespace(self.namespace)
             created = await self.kube.create_claim(self.namespace, body)
-        self._created[record["metadata"]["name"]] = await self._allocate(created, ref, node)
+        self._created[plan.device_label(ref)] = await self._allocate(created, ref, node)
         log.info("device %s quarantined by claim %s/%s", ref, self.namespace, created["metadata"]["name"])
         return [created["metadata"]["name"]]
 
@@ -113,19 +148,25 @@ class Quarantine:
         self._deleted[claim["metadata"]["uid"]] = time.monotonic()
 
     async def release_orphans(self) -> None:
-        """Quarantine claims whose record is gone (deleted while claimwarden was down).
+        """Quarantine claims of devices no record marks any more (their records deleted while claimwarden was
+        down).
 
         Decided on a live list of the records, not the index: this runs beside the watches and
-        must never free a device because an index was not filled yet.
+        must never free a device because an index was not filled yet. A claim is kept while any record
+        names its label (a record's, from an older version, or the device's) or marks the device it holds.
         """
         candidates = self.cache.claims_labelled_for_record(self.namespace)
         if not candidates:
             return
         listing = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
         live = {records.label_value(r["metadata"]["name"]) for r in listing}
+        marked = {ref for r in listing if (ref := records.record_ref(r)) is not None}
+        live |= {plan.device_label(ref) for ref in marked}
         for label, claims in sorted(candidates.items()):
-            if label not in live:
-                await self.release(claims)
+            held = {DeviceRef(*device) for claim in claims for device in allocated_devices(claim)}
+            if label in live or held & marked:
+                continue
+            await self.release(claims)
 
     async def _allocate(self, claim: Body, ref: DeviceRef, node: str | None = None) -> Body:
         node = node or plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
@@ -209,6 +250,10 @@ class Quarantine:
             raise
         if deleted:
             log.info("DeviceTaintRule of record %s deleted", record_name)
+
+    def taint_rules_served(self) -> bool:
+        """True once the served DeviceTaintRule version was found (False before it was asked, or where none is)."""
+        return self._taint_rule_checked and bool(self._taint_rule_version)
 
     def taint_rule_api_gone(self, version: str) -> None:
         """The server stopped serving DeviceTaintRule at `version` (an upgrade): nothing is known of the

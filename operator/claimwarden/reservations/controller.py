@@ -37,6 +37,7 @@ from ..podclaims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
     controlling_pod_ref,
+    is_being_deleted,
     is_pod_reservation,
     pod_uid,
     reserved_for,
@@ -46,6 +47,7 @@ from . import plan
 
 log = logging.getLogger("claimwarden.reservations")
 HELD_RECHECK = 1.0  # seconds before a release that was held is looked at again
+KEPT_RECHECK = 5.0  # seconds before a claim kept on a quarantined device (rule 4) is looked at again
 RELEASE_GATHER = 1.0  # seconds a shared claim's release waits for more of its pods to go
 PODGROUP_REDISCOVERED = 1.0  # seconds before a claim is planned again at the PodGroup version served now
 RELEASE_SPACING = 1.0
@@ -90,11 +92,15 @@ def _stale(exc: ApiError) -> bool:
 
 class ReservationsController:
     def __init__(self, cache: Cache, kube: Kube, quarantined: Callable[[Body], bool] | None = None,
-                 podgroup_version: str | None = None, *, held: Callable[[Body], bool] | None = None) -> None:
-        """`held(claim)`: the claim's release should wait a moment (health's eviction wave, health/wave.py)."""
+                 podgroup_version: str | None = None, *, held: Callable[[Body], bool] | None = None,
+                 kept: Callable[[Body], bool] | None = None) -> None:
+        """`held(claim)`: the claim's release should wait a moment (health's eviction wave, health/wave.py).
+        `kept(claim)`: a generated claim on a quarantined device keeps its allocation until the mark is cleared
+        (rule 4 of the quarantine trap, health/__init__.py)."""
         self.cache = cache
         self.kube = kube
         self._held = held or (lambda _claim: False)
+        self._kept = kept or (lambda _claim: False)
         # The served PodGroup version, or None where the cluster serves no PodGroups (their entries are kept).
         self.podgroup_version = podgroup_version
         self._quarantined = quarantined or (lambda _claim: False)
@@ -130,20 +136,22 @@ class ReservationsController:
         if wait > 0:
             raise Requeue(wait, "gathering releases")
         try:
-            await self._apply(cached, claim_plan)
+            kept = await self._apply(cached, claim_plan)
             self._released((namespace, name), claim_plan)
-            return
         except ApiError as exc:
             if not _stale(exc):
                 raise
             log.debug("claim %s/%s changed since it was cached (%s): reading it again", namespace, name, exc)
-        fresh = await self.kube.get_claim(namespace, name)
-        if fresh is None:
-            return
-        claim_plan = await self._plan(fresh)
-        if _destructive(claim_plan):
-            await self._apply(fresh, claim_plan)
+            fresh = await self.kube.get_claim(namespace, name)
+            if fresh is None:
+                return
+            claim_plan = await self._plan(fresh)
+            if not _destructive(claim_plan):
+                return
+            kept = await self._apply(fresh, claim_plan)
             self._released((namespace, name), claim_plan)
+        if kept:  # looked at again until the mark is cleared (the record's events do not queue this claim)
+            raise Requeue(KEPT_RECHECK, "kept on a quarantined device")
 
     def _release_spacing_left(self, key: tuple[str, str]) -> float:
         last = self._last_release.get(key)
@@ -225,18 +233,34 @@ class ReservationsController:
             return None
         return plan.pod_view(await self.kube.get_pod(namespace, name))
 
-    async def _apply(self, claim: Body, claim_plan: plan.ClaimPlan) -> None:
+    async def _apply(self, claim: Body, claim_plan: plan.ClaimPlan) -> bool:
+        """Apply the plan; True when the claim is kept on a quarantined device (rule 4) and must be looked at
+        again."""
         meta = claim["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         status = claim.get("status") or {}
-        # A generated claim on a quarantined device is released by deleting it with its allocation:
-        # a deallocation would wake pending pods while the scheduler briefly sees the device free.
-        keep_allocation = claim_plan.deallocate and controlling_pod_ref(claim) is not None and self._quarantined(claim)
+        # A generated claim (its pod's, its PodGroup's, or the scheduler's for an extended resource) on a
+        # quarantined device is released by deleting it with its allocation (rule 2 of the quarantine trap,
+        # health/__init__.py; README "Keeping new work away"): a deallocation would wake pending pods while
+        # the scheduler briefly sees the device free.
+        keep_allocation = claim_plan.deallocate and _owned(claim) and self._quarantined(claim)
+        # Rule 4: where the scheduler also retries pending pods on a claim's deletion (1.37+) and no DeviceTaintRule
+        # keeps them off, even the deletion opens a window: the claim keeps its allocation and its delete-protection
+        # finalizer, and is not deleted (its reservations go), until the mark is cleared.
+        kept = (keep_allocation or claim_plan.remove_finalizer or claim_plan.delete_claim) and _owned(claim) and \
+            self._kept(claim)
         if keep_allocation:
             claim_plan = replace(claim_plan, deallocate=False)
+        if kept:
+            claim_plan = replace(claim_plan, remove_finalizer=False, delete_claim=False)
         # Such a claim goes (the garbage collector deletes it, or claimwarden does below): its reservations
         # go with it, and only its finalizer needs a write. It holds the device until it is gone, as above.
-        going = keep_allocation and not claim_plan.keep and claim_plan.remove_finalizer
+        going = keep_allocation and not kept and not claim_plan.keep and claim_plan.remove_finalizer
+        if going and controlling_pod_ref(claim) is None and not is_being_deleted(claim) and \
+                any(is_podgroup_reservation(entry) for entry in claim_plan.drop):
+            # A PodGroup's claim whose PodGroup is gone (or replaced): the garbage collector would delete it
+            # too, and deleting it now keeps its allocation to the end.
+            claim_plan = replace(claim_plan, delete_claim=True)
         if going:
             metrics.RESERVATIONS_REMOVED.inc(len(claim_plan.drop))
             log.info("claim %s/%s: on a quarantined device, released with its reservations and allocation",
@@ -270,7 +294,12 @@ class ReservationsController:
         if claim_plan.delete_claim and await self.kube.delete_claim(namespace, name, meta["uid"],
                                                                     claim["metadata"].get("resourceVersion")):
             metrics.CLAIM_DELETIONS.inc()
-            log.info("claim %s/%s: deleted, its pod is done", namespace, name)
+            log.info("claim %s/%s: deleted, its %s", namespace, name,
+                     "pod is done" if controlling_pod_ref(claim) is not None else "PodGroup is gone")
+        if kept:
+            log.info("claim %s/%s: kept with its allocation on a quarantined device until the mark is cleared",
+                     namespace, name)
+        return kept
 
     async def _note_limit(self, claim: Body, claim_plan: plan.ClaimPlan) -> None:
         """A Warning Event once when a claim crosses 90 % of the reservation limit."""
@@ -291,6 +320,12 @@ class ReservationsController:
 
     def forget(self, uid: str) -> None:
         self._warned_near_limit.discard(uid)
+
+
+def _owned(claim: Body) -> bool:
+    """A generated claim: controlled by a pod (from a template, or the scheduler's extended-resource claim) or by
+    a PodGroup (1.36+). Such a claim is deleted once its owner is done, never reused."""
+    return controlling_pod_ref(claim) is not None or podgroups.controlling_podgroup_ref(claim) is not None
 
 
 def _destructive(claim_plan: plan.ClaimPlan) -> bool:
