@@ -271,6 +271,7 @@ class HealthController:
 
     async def reconcile_record(self, key: Hashable) -> None:
         name = cast(str, key)
+        await self.evictions.seed()  # the first time: the records' counts read live, before any decision
         record = self.cache.record(name)
         if record is None:
             self._forget_record(name)
@@ -423,6 +424,8 @@ class HealthController:
             "deviceTaintRule": rule,
             "conditions": conditions,
         }
+        if self.evictions.ahead is not None:  # the breaker's window and the count are written ahead (window.py)
+            del desired["podsEvicted"], desired["recentEvictions"]
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
             if wait <= 0 and not held_back and self.wave.holds(("status", name)):
