@@ -23,7 +23,7 @@ from .auditor import LabAudit
 from .conftest import service_account_kubeconfig
 from .health_helpers import GROUP, PLURAL, PREFIX, VERSION, annotate, device_of, records, slice_of
 from .helpers import create_pods, pod_with_claims, template, wait_for
-from .operator import Operator
+from .operator import Operator, replica_pair
 
 DRIVER = "gpu.example.com"
 LIMIT = 3
@@ -35,19 +35,10 @@ TEMPLATE_CLAIM = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
 @pytest.fixture
 def replicas(lab: LabState, claimwarden: Operator, tmp_path: Path) -> Iterator[list[Operator]]:
     """Two replicas with a breaker limit of LIMIT pods (the session's claimwarden is stopped meanwhile)."""
-    settings = [f"--breaker-max-pods={LIMIT}"]
-    with claimwarden.stopped():
-        first = Operator(service_account_kubeconfig(lab), tmp_path / "a.log", settings, identity="breaker-a")
-        second = Operator(service_account_kubeconfig(lab), tmp_path / "b.log", settings, identity="breaker-b")
-        try:
-            first.start()
-            second.start(lead=False)
-            yield [first, second]
-        finally:
-            for replica in (first, second):
-                if replica.running:
-                    replica.stop()
-
+    with claimwarden.stopped(), replica_pair(service_account_kubeconfig(lab), tmp_path,
+                                             identities=("breaker-a", "breaker-b"),
+                                             extra=[f"--breaker-max-pods={LIMIT}"]) as pair:
+        yield pair
 
 def _evictions(events: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
     """Successful evictions (HTTP 201) of the namespace's pods, in the apiserver's audit log."""

@@ -6,7 +6,8 @@ tolerations.py, plan.py and breaker.py.
 
 The breaker is decided per driver over all NoExecute records at once (``decision``): each record
 reconcile leaves the pods it would evict in ``_pending``, and the decision joins them with every
-record's evictions in the window (kept by ``evictions``, seeded from the records' status). A record
+record's evictions in the window (kept by ``evictions``, seeded from one live LIST of the records, and
+written ahead of each eviction while the breaker is on: window.py). A record
 reconcile schedules its evictions only while the breaker has room; the eviction worker asks again
 right before the call and takes the room then, so a stale view here can delay an eviction but
 never let one more through.

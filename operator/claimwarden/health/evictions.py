@@ -135,7 +135,7 @@ class Evictions:
     def _start(self, record: Body) -> None:
         """The record's counts in this process start from the live LIST and the cached record together."""
         name = record["metadata"]["name"]
-        live = self._live.get(name) if self._live is not None else None
+        live = self._live.pop(name, None) if self._live is not None else None  # used once: kept in memory now
         evicted, recent = window.start(live, record.get("status") or {})
         self._evicted[name] = max(self._evicted.get(name, 0), evicted)
         self._recent.setdefault(name, recent)
