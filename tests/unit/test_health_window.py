@@ -8,6 +8,8 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from claimwarden.health import breaker, window
 from claimwarden.health.ahead import AheadWrites, RecordGone
 from claimwarden.health.breaker import Recent
@@ -232,3 +234,73 @@ def test_a_new_leader_seeds_from_one_live_list_not_from_its_stale_cache() -> Non
 def test_without_the_breaker_nothing_is_written_ahead_and_the_counts_stay_paced() -> None:
     assert _evictions(_Records(), breaker_on=False).ahead is None
     assert _evictions(_Records(), breaker_on=True).ahead is not None
+
+
+# --- the eviction worker ------------------------------------------------------------------------
+
+class _Cluster(_Records):
+    """One record, its pod and the pod's claim on the record's device; logs the calls in order."""
+
+    def __init__(self, *, refuse: ApiError | None = None) -> None:
+        super().__init__()
+        self.bodies["r"] = {"metadata": {"name": "r", "resourceVersion": "1"},
+                            "spec": {"driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0",
+                                     "effect": "NoExecute", "reason": "broken"}, "status": {}}
+        self.calls: list[str] = []
+        self.refuse = refuse
+
+    async def merge_patch_cluster_object(self, api: str, plural: str, name: str, patch: dict[str, Any],
+                                         subresource: str = "") -> dict[str, Any]:
+        self.calls.append("write ahead")
+        return await super().merge_patch_cluster_object(api, plural, name, patch, subresource)
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name, "uid": "u1", "resourceVersion": "7"},
+                "status": {"phase": "Running"}}
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name}, "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}}
+
+    async def evict_pod(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> None:
+        self.calls.append("evict")
+        if self.refuse is not None:
+            raise self.refuse
+
+
+def _worker(cluster: _Cluster, decisions: list[str]) -> Evictions:
+    async def post(*_: Any) -> None:
+        return None
+
+    def decide(driver: str) -> breaker.Decision:
+        decisions.append(driver)
+        return breaker.Decision(driver=driver, room=1)
+    return Evictions(kube=cluster, cache=None, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
+                     breaker_settings=breaker.Settings(max_pods=1), budget=TokenBucket(qps=0, burst=1),
+                     decide=decide)
+
+
+def test_the_entry_is_stored_before_the_eviction_call() -> None:
+    cluster, decisions = _Cluster(), []
+    asyncio.run(_worker(cluster, decisions).reconcile(("r", "ns", "p", "u1", "c")))
+    assert cluster.calls == ["write ahead", "evict"]
+    status = cluster.bodies["r"]["status"]
+    assert status["podsEvicted"] == 1 and _pods(status["recentEvictions"]) == ["ns/p"]
+
+
+def test_a_pod_refused_by_a_budget_counts_once_and_its_retry_takes_no_room_and_no_write() -> None:
+    from claimwarden.workqueue import Requeue
+
+    cluster = _Cluster(refuse=ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                       "disruption budget.", causes=("DisruptionBudget",)))
+    decisions: list[str] = []
+    worker = _worker(cluster, decisions)
+
+    for _ in range(2):
+        with pytest.raises(Requeue):  # refused: retried with back-off
+            asyncio.run(worker.reconcile(("r", "ns", "p", "u1", "c")))
+    assert cluster.calls == ["write ahead", "evict", "evict"], "one write, two attempts"
+    assert len(decisions) == 1, "the retry asked the breaker for no room: the pod is counted"
+    assert cluster.bodies["r"]["status"]["podsEvicted"] == 1
