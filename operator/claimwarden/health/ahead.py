@@ -128,10 +128,12 @@ class AheadWrites:
                     raise RecordGone(name) from None
                 if not exc.conflict:
                     raise
-                await self._read(name)  # changed since: merge into what it holds now
+                newer = self._held.get(name)
+                if newer is None or newer.version <= held.version:  # else a version noted meanwhile (note)
+                    await self._read(name)  # changed since: merge into what it holds now
                 continue
             written = dict(result.get("status") or {})
-            self._held[name] = _Held(resource_version(result), written)
+            self.note(result)  # unless a newer version was noted meanwhile (the record's own status write)
             return {"podsEvicted": window.pods_evicted(written),
                     "recentEvictions": written.get("recentEvictions") or []}
         raise ApiError(409, "Conflict", f"the window of record {name} changed {CONFLICT_RETRIES} times while "

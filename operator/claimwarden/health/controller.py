@@ -439,6 +439,8 @@ class HealthController:
             result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
                                                                 {"status": desired}, subresource="status")
             self._status_written[name] = (resource_version(result), desired)
+            if self.evictions.ahead is not None:  # the next write ahead is guarded by this version, not refused
+                self.evictions.ahead.note(result)
         self.evictions.counts_written(name, version)
 
     async def flush(self) -> None:
