@@ -272,7 +272,8 @@ class Evictions:
         written = await self.ahead.add(record, entry)
         evicted, recent = window.pods_evicted(written), breaker.parse_recent(written)
         self._evicted[name] = max(self._evicted.get(name, 0), evicted)
-        self._recent[name] = window.union(self._recent.get(name, []), recent)
+        kept = breaker.in_window(self._recent.get(name, []), now(), self.breaker_settings.window)  # older: dropped
+        self._recent[name] = window.union(kept, recent)
 
     async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body, *, pinned: bool) -> Body | None:
         """Evict the pod. `pinned`: `pod` is the cached pod, and the eviction is pinned to its resourceVersion
