@@ -128,3 +128,20 @@ class Operator:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def replica_pair(kubeconfig: Path, directory: Path, *, identities: tuple[str, str],
+                 extra: list[str] | None = None) -> Iterator[list[Operator]]:
+    """Two replicas, as a Deployment of two runs them: the first leads, the second stands by; both are
+    stopped afterwards."""
+    first = Operator(kubeconfig, directory / "a.log", extra, identity=identities[0])
+    second = Operator(kubeconfig, directory / "b.log", extra, identity=identities[1])
+    try:
+        first.start()
+        second.start(lead=False)
+        yield [first, second]
+    finally:
+        for replica in (first, second):
+            if replica.running:
+                replica.stop()

@@ -23,7 +23,7 @@ from claimwarden_lab.cluster import LabState
 from .auditor import WRITE_VERBS, LabAudit
 from .conftest import service_account_kubeconfig
 from .helpers import pod_with_claims, template, wait_for
-from .operator import Operator
+from .operator import Operator, replica_pair
 from .slowlink import SlowLink
 
 LEASE = ("claimwarden-system", "claimwarden")
@@ -35,17 +35,9 @@ LEASE_SECONDS, RETRY_SECONDS = 15, 2
 def replicas(lab: LabState, claimwarden: Operator, tmp_path: Path) -> Iterator[list[Operator]]:
     """Two claimwarden replicas (the session's one is stopped meanwhile, and after them cleans up the
     test's namespace); the first one leads."""
-    with claimwarden.stopped():
-        first = Operator(service_account_kubeconfig(lab), tmp_path / "a.log", identity="replica-a")
-        second = Operator(service_account_kubeconfig(lab), tmp_path / "b.log", identity="replica-b")
-        try:
-            first.start()
-            second.start(lead=False)
-            yield [first, second]
-        finally:
-            for replica in (first, second):
-                if replica.running:
-                    replica.stop()
+    with claimwarden.stopped(), replica_pair(service_account_kubeconfig(lab), tmp_path,
+                                             identities=("replica-a", "replica-b")) as pair:
+        yield pair
 
 
 def _holder(api: client.ApiClient) -> str:

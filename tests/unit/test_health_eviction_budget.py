@@ -36,6 +36,9 @@ class _Kube:
         return {"metadata": {"name": name, "resourceVersion": "1"},
                 "spec": {**DEVICE, "effect": "NoExecute", "reason": "broken"}, "status": {}}
 
+    async def list_cluster_objects(self, api: str, plural: str) -> list[dict[str, Any]]:
+        return []  # a new leader's live read of the records' counts (none evicted yet)
+
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}",
                              "resourceVersion": "1"}, "status": {"phase": "Running"}}

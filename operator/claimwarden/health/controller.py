@@ -6,8 +6,9 @@ tolerations.py, plan.py and breaker.py.
 
 The breaker is decided per driver over all NoExecute records at once (``decision``) from totals kept
 up to date as their inputs change (breaker_view.py): each record reconcile leaves the pods it would
-evict there, each eviction its entry in the window (seeded from the records' status), and each claim
-event the pods holding the claim's devices. A record
+evict there, each eviction its entry in the window (seeded from one live LIST of the records, and
+written ahead of each eviction while the breaker is on: window.py), and each claim event the pods
+holding the claim's devices. A record
 reconcile schedules its evictions only while the breaker has room; the eviction worker asks again
 right before the call and takes the room then, so a stale view here can delay an eviction but
 never let one more through.
@@ -376,6 +377,7 @@ class HealthController:
 
     async def reconcile_record(self, key: Hashable) -> None:
         name = cast(str, key)
+        await self.evictions.seed()  # the first time: the records' counts read live, before any decision
         record = self.cache.record(name)
         if record is None:
             ref = self._record_devices.get(name) or self.quarantine.device_labelled(records.label_value(name))
@@ -592,6 +594,8 @@ class HealthController:
             "deviceTaintRule": rule,
             "conditions": conditions,
         }
+        if self.evictions.ahead is not None:  # the breaker's window and the count are written ahead (window.py)
+            del desired["podsEvicted"], desired["recentEvictions"]
         if any(status.get(k) != v for k, v in desired.items()):
             wait = self.evictions.counts.wait(name, time.monotonic(), settle=FIRST_WRITE_SETTLE if settle else 0.0)
             if wait <= 0 and not held_back and self.wave.holds(("status", name)):
@@ -604,6 +608,8 @@ class HealthController:
             result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
                                                                 {"status": desired}, subresource="status")
             self._status_written[name] = (resource_version(result), desired)
+            if self.evictions.ahead is not None:  # the next write ahead is guarded by this version, not refused
+                self.evictions.ahead.note(result)
         self.evictions.counts_written(name, version)
 
     async def flush(self) -> None:

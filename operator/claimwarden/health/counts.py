@@ -4,8 +4,10 @@ An eviction changes the record's ``status.podsEvicted`` and ``status.recentEvict
 that leaves changes ``podsPending``. Writing them after every pod costs one PATCH per pod and makes a
 burst of evictions wait on its own bookkeeping; so the counts stay in memory, and the record's status
 is written once the interval since its last write has passed (the first write after a quiet spell
-goes out at once). Pure: the caller passes the clock (monotonic seconds) and does the writing; on
-shutdown it writes whatever counts are still unsaved.
+goes out at once). While the breaker is on, podsEvicted and recentEvictions are not among them: they
+are written ahead of each eviction (window.py), and the pacing here covers the rest of the status.
+Pure: the caller passes the clock (monotonic seconds) and does the writing; on shutdown it writes
+whatever counts are still unsaved.
 """
 
 from __future__ import annotations

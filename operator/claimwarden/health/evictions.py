@@ -13,16 +13,18 @@ throughput): evictions that wait for a read together share one metadata-only LIS
 it agrees (a claim reserved for the running pod keeps its allocation) and read only to confirm a
 no; pods this process evicted are not read again; one Event goes on the pod, posted beside the
 evictions rather than before the next one (``EventPoster``); and the record's counts are written
-by its reconcile, paced (counts.py). PodDisruptionBudgets hold: a refusal is retried with back-off
-until the budget allows it or the mark is cleared.
+by its reconcile, paced (counts.py), or, while the breaker is on, ahead of the call in a write of
+their own that evictions of one record share (window.py, ahead.py). A new leader starts the counts
+from one live LIST of the records (``seed``). PodDisruptionBudgets hold: a refusal is retried with
+back-off until the budget allows it or the mark is cleared.
 
 Right before the call the blast-radius breaker applies (breaker.py, README "What claimwarden will
 not do without asking"): unless the record's approval counts (approval.py), an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
-its limit; taking that room and counting the eviction afterwards are tracked in ``_in_flight``, so
-concurrent workers cannot overshoot. An eviction the breaker holds back is dropped here; its record
-is looked at again when the window frees room (approvals and cleared marks wake it through their
-own events).
+its limit; the room taken is tracked in ``_in_flight`` until the eviction is counted in the window
+(ahead of the call, or right after it with the breaker off), so concurrent workers cannot overshoot.
+An eviction the breaker holds back is dropped here; its record is looked at again when the window
+frees room (approvals and cleared marks wake it through their own events).
 
 The eviction budget (budget.py) is asked first, before any read: one token per call, handed out
 round-robin over namespaces once evictions wait for tokens, so a parked eviction costs nothing until
@@ -51,7 +53,8 @@ from ..kube.next_read import NextRead
 from ..podclaims import TERMINAL_PHASES, is_being_deleted, is_reserved_for
 from ..timestamps import now, parse_rfc3339
 from ..workqueue import Requeue, WorkQueue
-from . import breaker, groups, plan, records
+from . import breaker, groups, plan, records, window
+from .ahead import AheadWrites, RecordGone
 from .budget import FairBudget
 from .counts import CountWrites
 from .wave import HOLD_MAX, HOLD_RECHECK
@@ -119,6 +122,13 @@ class Evictions:
         self._evicted_pods: dict[str, float] = {}
         self._recent: dict[str, list[breaker.Recent]] = {}
         self._in_flight: dict[str, int] = {}
+        # While the breaker is on, each eviction's entry is written to its record before the call (window.py).
+        self.ahead = AheadWrites(kube=kube, window=breaker_settings.window) \
+            if decide is not None and breaker_settings.enabled else None
+        # name -> podsEvicted and recentEvictions from one live LIST of the records, taken when this process
+        # first needs them (``seed``): its cache may not hold the previous leader's last writes yet.
+        self._live: dict[str, dict[str, Any]] | None = None
+        self._seeding = asyncio.Lock()
         self.counts = CountWrites()
         self._record_versions = NextRead(self._read_asked_records)
         self._records_asked: set[str] = set()  # the names the read being gathered will answer
@@ -130,18 +140,47 @@ class Evictions:
         self.queue.add_after(key, max((eviction.due - moment).total_seconds(), 0))
 
     def evicted(self, record: Body) -> int:
-        """Pods evicted for the record; after a restart the count starts from its status."""
+        """Pods evicted for the record; after a restart the count starts from its status (``seed``)."""
         name = record["metadata"]["name"]
         if name not in self._evicted:
-            self._evicted[name] = int((record.get("status") or {}).get("podsEvicted") or 0)
+            self._start(record)
         return self._evicted[name]
 
     def recent(self, record: Body) -> list[breaker.Recent]:
-        """The record's evictions (any age); after a restart they start from its status.recentEvictions."""
+        """The record's evictions (any age); after a restart they start from its status.recentEvictions
+        (``seed``)."""
         name = record["metadata"]["name"]
         if name not in self._recent:
-            self._recent[name] = breaker.parse_recent(record.get("status") or {})
+            self._start(record)
         return self._recent[name]
+
+    def _start(self, record: Body) -> None:
+        """The record's counts in this process start from the live LIST and the cached record together."""
+        name = record["metadata"]["name"]
+        live = self._live.pop(name, None) if self._live is not None else None  # used once: kept in memory now
+        evicted, recent = window.start(live, record.get("status") or {})
+        self._evicted[name] = max(self._evicted.get(name, 0), evicted)
+        self._recent.setdefault(name, recent)
+
+    async def seed(self) -> None:
+        """Before this process first decides on a record's counts (a new leader): one live LIST of the records.
+        A failed LIST raises, so that the caller's key is retried; nothing is decided on the cache alone."""
+        if self._live is not None:
+            return
+        async with self._seeding:
+            if self._live is None:
+                listed = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+                self._live = window.seed(listed)
+                # A record whose counts this process started from the cache before the LIST (a breaker decision
+                # came first) takes in what the LIST holds too.
+                for name in [name for name in self._live if name in self._recent or name in self._evicted]:
+                    evicted, recent = window.start(self._live.pop(name), {})
+                    self._evicted[name] = max(self._evicted.get(name, 0), evicted)
+                    self._merge_recent(name, recent)
+                if self.ahead is not None:
+                    for record in listed:
+                        self.ahead.note(record)
+                log.info("eviction counts of %d records read live", len(self._live))
 
     def evicted_pods(self) -> AbstractSet[str]:
         """UIDs of the pods this process evicted in the last EVICTED_MEMORY_SECONDS (a live view, not a copy:
@@ -159,6 +198,10 @@ class Evictions:
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
         self.counts.forget(record_name)
+        if self._live is not None:
+            self._live.pop(record_name, None)
+        if self.ahead is not None:
+            self.ahead.forget(record_name)
 
     async def reconcile(self, key: Hashable) -> None:
         record_name, namespace, pod_name, uid, claim_name = cast(EvictionKey, key)
@@ -192,14 +235,38 @@ class Evictions:
             return
         if wait > 0:
             raise Requeue(wait, "drain")
-        # From here to the call no `await` may come between taking room and using it (see the docstring).
-        if not self._breaker_room(record, ref.driver):
+        await self.seed()
+        pod_ref = f"{namespace}/{pod_name}"
+        # A pod counted by an earlier attempt in the window (a PodDisruptionBudget refused it) takes no new room.
+        counted = self.ahead is not None and window.counted(self.recent(record), pod_ref, now(),
+                                                            self.breaker_settings.window)
+        # From here to the call no `await` may come between taking room and using it (see the docstring),
+        # but the write of its entry ahead of the call, which keeps the room taken until the entry is counted.
+        if not counted and not self._breaker_room(record, ref.driver):
             return
+        holds_room = not counted
+
+        def let_go() -> None:
+            nonlocal holds_room
+            if holds_room:
+                holds_room = False
+                self._release(ref.driver)
+
+        if self.ahead is not None and not counted:
+            try:
+                await self._write_ahead(record, window.entry(pod_ref, now()))
+            except RecordGone:
+                let_go()
+                return
+            except BaseException:
+                let_go()
+                raise
+            let_go()  # counted in the window now
         token.spent = True
         try:
             evicted = await self._evict(namespace, pod_name, uid, pod, pinned=pinned)
         except ApiError as exc:
-            self._release(ref.driver)
+            let_go()
             if exc.disruption_budget:
                 raise await self._blocked(key, pod, ref, exc) from None
             if exc.throttled:  # API Priority and Fairness shedding load: not the budget, no Event
@@ -214,19 +281,21 @@ class Evictions:
             metrics.EVICTIONS.labels("error").inc()
             raise
         except BaseException:  # a timeout or cancellation: the room is not used
-            self._release(ref.driver)
+            let_go()
             raise
         if evicted is None:  # the pod read after a conflict is gone, replaced or terminating
-            self._release(ref.driver)
+            let_go()
             self._unblock(key)
             return
         pod = evicted
         was_refused = key in self._pdb_attempts
-        entry = breaker.Recent(f"{namespace}/{pod_name}", now())
-        self.recent(record).append(entry)
-        if self._on_recent is not None:
-            self._on_recent(record_name, entry)
-        self._release(ref.driver)
+        if self.ahead is None:
+            entry = window.entry(pod_ref, now())
+            self.recent(record).append(entry)
+            self._evicted[record_name] = self.evicted(record) + 1
+            if self._on_recent is not None:
+                self._on_recent(record_name, entry)
+        let_go()
         self._unblock(key)
         if was_refused:
             self._promote_next(namespace)
@@ -236,8 +305,8 @@ class Evictions:
             record["metadata"].get("creationTimestamp"))
         if marked_at is not None:
             metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
-        self._evicted[record_name] = self.evicted(record) + 1
-        # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown).
+        # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown), or with
+        # the breaker on, podsPending only (the count is written ahead).
         self._on_evicted(record_name, self.counts.changed(record_name, time.monotonic()))
         reason = record["spec"].get("reason", "")
         # One Event, on the pod: the record's status counts its evictions and names the recent ones.
@@ -281,6 +350,27 @@ class Evictions:
         if self._pump_handle is not None:
             self._pump_handle.cancel()
         self._pump_handle = loop.call_at(due, self._pump)
+
+    async def _write_ahead(self, record: Body, entry: breaker.Recent) -> None:
+        """Store the eviction's entry in the record before the call (window.py); the window and count in memory
+        become what the record holds then."""
+        assert self.ahead is not None
+        name = record["metadata"]["name"]
+        self.recent(record)  # started from the LIST and the cache before it is replaced
+        written = await self.ahead.add(record, entry)
+        evicted, recent = window.pods_evicted(written), breaker.parse_recent(written)
+        self._evicted[name] = max(self._evicted.get(name, 0), evicted)
+        self._merge_recent(name, recent)
+
+    def _merge_recent(self, name: str, recent: list[breaker.Recent]) -> None:
+        """The record's window in memory becomes its own entries still in the window and `recent` together; the
+        entries new to it go to the breaker's totals (``on_recent``)."""
+        before = self._recent.get(name, [])
+        kept = breaker.in_window(before, now(), self.breaker_settings.window)  # older: dropped
+        self._recent[name] = window.union(kept, recent)
+        if self._on_recent is not None:
+            for entry in set(recent) - set(before):
+                self._on_recent(name, entry)
 
     async def _evict(self, namespace: str, pod_name: str, uid: str, pod: Body, *, pinned: bool) -> Body | None:
         """Evict the pod. `pinned`: `pod` is the cached pod, and the eviction is pinned to its resourceVersion
@@ -468,7 +558,8 @@ class Evictions:
             del self._blocked_records[record_name]
 
     def counts_status(self, record: Body) -> dict[str, Any]:
-        """The record's counts as its status should carry them: podsEvicted and recentEvictions."""
+        """The record's counts as its status should carry them: podsEvicted and recentEvictions (with the breaker
+        on, both are written ahead by ``_write_ahead`` alone, never by the record's status write)."""
         return {"podsEvicted": self.evicted(record),
                 "recentEvictions": breaker.format_recent(self.recent(record), now(), self.breaker_settings.window)}
 
@@ -480,7 +571,8 @@ class Evictions:
         """Write every count still only in memory (at shutdown, after the workers have stopped), FLUSH_WRITERS at
         once and for at most `timeout` seconds in all, and let the Events still going out finish meanwhile: a
         pod has 30 s to stop, and 5,000 records written one by one took longer than that."""
-        pending = [name for name in self.counts.unsaved() if name in self._evicted]
+        # With the breaker on the counts are in the records already (written ahead).
+        pending = [name for name in self.counts.unsaved() if name in self._evicted] if self.ahead is None else []
         writers = asyncio.Semaphore(FLUSH_WRITERS)
         written = 0
         refused: list[ApiError] = []  # reported in one line: a lost fence refuses them all
