@@ -126,7 +126,7 @@ class HealthController:
         self._removed: dict[str, approval.Verdict] = {}  # record -> the approval removed, while the policy is missing
         # record -> (by, generation) of the approval a fresh read of the policy confirmed (admission.confirm).
         self._confirmed: dict[str, tuple[str, int | None]] = {}
-        self._shown: dict[str, tuple[bool, int, int | None]] = {}
+        self._shown: dict[str, str] = {}  # driver -> the open breaker's message the records were asked to show
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
         self._record_claims: dict[str, set[tuple[str, str]]] = {}  # the same, from the record's side
@@ -351,9 +351,11 @@ class HealthController:
         """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
         driver looked at again (their EvictionPaused conditions)."""
         driver = decision.driver
-        # While open, a change in what is counted or in the limit refreshes the records' messages too.
-        shown = (decision.open, decision.counted, decision.limit) if decision.open else (False, 0, None)
-        if self._shown.get(driver, (False, 0, None)) == shown:
+        # While open, any change of its message (what is counted, pending or evicted, the limit) refreshes the
+        # records' messages too: with only (counted, limit) compared, a record paused before the last evictions
+        # kept saying "5 pending, 11 evicted" once the count stood at 16 either way.
+        shown = decision.reason if decision.open else ""
+        if self._shown.get(driver, "") == shown:
             return
         self._shown[driver] = shown
         for name in self.breaker_view.records_of(driver):
