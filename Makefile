@@ -16,7 +16,7 @@ MATRIX_VERSIONS := 1.35.4 1.36.3 1.37.2
 CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_lifecycle.py \
 	tests/integration/test_claims_real_paths.py tests/integration/test_claims_walkthrough.py \
 	tests/integration/test_claims_sharing_limit.py tests/integration/test_health_eviction.py \
-	tests/integration/test_health_quarantine.py \
+	tests/integration/test_health_quarantine.py tests/integration/test_health_quarantine_records.py \
 	tests/integration/test_health_real_paths.py tests/integration/test_relist.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)

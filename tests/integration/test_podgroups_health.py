@@ -9,22 +9,34 @@ skips) when those binaries or gates are missing.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from claimwarden_lab.cluster import LabState
 
 from .auditor import LabAudit
 from .conftest import extra_lab, service_account_kubeconfig
-from .health_helpers import events, holders, mark, record_for, unmark, wait_gone
+from .health_helpers import create_record, delete_record, events, holders, mark, record_for, unmark, wait_gone
 from .helpers import create_pods, taint_rule_version, template, wait_for
 from .operator import Operator
-from .test_podgroups import KUBERNETES, PLURAL, _api, _claims, _create_podgroup, _member, _pods, _serves_podgroups
+from .test_podgroups import (
+    GROUP,
+    KUBERNETES,
+    PLURAL,
+    VERSION,
+    _api,
+    _claims,
+    _create_podgroup,
+    _member,
+    _pods,
+    _serves_podgroups,
+)
 
 pytestmark = pytest.mark.podgroups
 
@@ -74,6 +86,17 @@ def _taint_rules(api: client.ApiClient) -> list[tuple[str, str]]:
 def _device(claim: dict[str, object]) -> tuple[str, str]:
     [result] = claim["status"]["allocation"]["devices"]["results"]  # type: ignore[index]
     return result["pool"], result["device"]
+
+
+def _tear_down(api: client.ApiClient, namespace: str, operator: Operator) -> None:
+    """Delete the namespace with claimwarden still running (it removes the claims' delete-protection
+    finalizers), then stop it."""
+    core = client.CoreV1Api(api)
+    core.delete_namespace(namespace)
+    wait_for("the namespace gone", lambda: namespace not in {
+        n.metadata.name for n in core.list_namespace().items}, 300, interval=2)
+    operator.stop()
+    api.close()
 
 
 def test_marking_the_device_of_a_podgroup_claim_evicts_each_member_once_and_spares_another_group(
@@ -142,9 +165,57 @@ def test_marking_the_device_of_a_podgroup_claim_evicts_each_member_once_and_spar
         assert not any(h.startswith("claimwarden-system/") for h in holders(api, pool, device))
         assert "Traceback" not in Path(operator.log_path).read_text()
     finally:
-        # With claimwarden still running: it removes the claims' delete-protection finalizers.
-        core.delete_namespace(namespace)
-        wait_for("the namespace gone", lambda: namespace not in {
-            n.metadata.name for n in core.list_namespace().items}, 300, interval=2)
-        operator.stop()
-        api.close()
+        _tear_down(api, namespace, operator)
+
+
+def test_a_podgroup_claim_on_a_quarantined_device_is_deleted_with_its_allocation(
+        health_lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Rule 2 of the quarantine trap for a PodGroup's claim (issue 20, finding 4): once its PodGroup is gone, the
+    claim goes with its allocation, never deallocated first (a deallocation wakes pending pods while the
+    scheduler sees the device free); the quarantine claim then takes the device."""
+    api = _api(health_lab)
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    namespace = "release"
+    core.create_namespace(body={"metadata": {"name": namespace}})
+    resource.create_namespaced_resource_claim_template(namespace, body=template("gpu"))
+    operator = Operator(service_account_kubeconfig(health_lab), tmp_path_factory.mktemp("pgr") / "claimwarden.log")
+    operator.start()
+    try:
+        _create_podgroup(api, namespace, "team", USES)
+        create_pods(api, namespace, [_member("team-0", "team", USES)])
+        team_claim = _group_claim(api, namespace, "team")
+        name = str(team_claim["metadata"]["name"])  # type: ignore[index]
+        pool, device = _device(team_claim)
+        create_record(api, "hold-team-device", pool, device, "NoSchedule", "kept from new work")
+        wait_for("the record saying the team's claim holds the device", lambda: any(
+            c["type"] == "Quarantined" and c["reason"] == "HeldByClaims"
+            for c in ((record_for(api, pool, device) or {}).get("status") or {}).get("conditions") or []), 30)
+
+        seen: list[tuple[str, bool]] = []  # (event type, allocated) of the team's claim, until it is deleted
+        version = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", name)["metadata"]["resourceVersion"]
+
+        def follow() -> None:  # raw JSON: the client's models predate 1.37's PodGroup entries of reservedFor
+            for event in watch.Watch().stream(client.CustomObjectsApi(api).list_namespaced_custom_object,
+                                              "resource.k8s.io", "v1", namespace, "resourceclaims",
+                                              field_selector=f"metadata.name={name}", resource_version=version,
+                                              timeout_seconds=120):
+                seen.append((event["type"], bool((event["object"].get("status") or {}).get("allocation"))))
+                if event["type"] == "DELETED":
+                    return
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        core.delete_namespaced_pod("team-0", namespace)
+        wait_gone(api, namespace, "team-0", 60)
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "team")
+        follower.join(120)
+        assert seen and seen[-1] == ("DELETED", True), f"deleted with its allocation: {seen}"
+        assert ("MODIFIED", False) not in seen, f"never deallocated first: {seen}"
+        wait_for("the quarantine claim holding the device", lambda: [h for h in holders(api, pool, device)
+                                                                   if h.startswith("claimwarden-system/")], 30)
+        delete_record(api, "hold-team-device")
+        wait_for("the device free again", lambda: holders(api, pool, device) == [], 30)
+        assert "Traceback" not in Path(operator.log_path).read_text()
+    finally:
+        _tear_down(api, namespace, operator)
