@@ -300,6 +300,8 @@ def breaker_room_exceeded(events: Iterable[Object], breaker: Breaker | None) -> 
 
 
 Device = tuple[str, str, str]
+Released = tuple[str, str]
+"""(when, claim name)"""
 
 
 def _allocated_device(request: Any) -> Device | None:
@@ -319,19 +321,16 @@ def _deallocates(request: Any) -> bool:
                                              and op.get("path") in ("/status/allocation", "/status") for op in request)
 
 
-def quarantine_released_under_a_record(events: Iterable[Object], records: Iterable[Object]) -> list[str]:
-    """Devices whose quarantine claim was deallocated or deleted while a record marking them remained, and
-    whose quarantine was not asserted again after that (health/__init__.py, the quarantine trap: a release
-    makes the scheduler forget the device whatever other claims still hold it).
+def _quarantine_history(events: Iterable[Object]) -> tuple[dict[Device, list[str]], dict[Device, list[Released]]]:
+    """When a quarantine claim of each device was allocated, and when (and which) one was released.
 
     From the audit log's bodies of claimwarden's writes to its quarantine claims (the lab's audit policy
     records them): the status write that allocates a claim names its device; a later deletion or
-    deallocation of that claim is a release. A record that exists now, of a NoExecute or NoSchedule device,
-    created before a release of its device, needs an allocation of a quarantine claim of that device after it.
+    deallocation of that claim is a release.
     """
     device_of: dict[str, Device] = {}
     asserted: dict[Device, list[str]] = defaultdict(list)
-    released: dict[Device, list[tuple[str, str]]] = defaultdict(list)
+    released: dict[Device, list[Released]] = defaultdict(list)
     for event in sorted((e for e in events if _succeeded(e)), key=lambda e: str(e.get("stageTimestamp"))):
         ref = event.get("objectRef") or {}
         if ref.get("resource") != "resourceclaims" or ref.get("namespace") != OWN_NAMESPACE:
@@ -347,6 +346,23 @@ def quarantine_released_under_a_record(events: Iterable[Object], records: Iterab
                 released[device_of[name]].append((at, name))
         elif event.get("verb") == "delete" and name in device_of:
             released[device_of.pop(name)].append((at, name))
+    return asserted, released
+
+
+def quarantined_devices(events: Iterable[Object]) -> set[Device]:
+    """(driver, pool, device) of every quarantine claim allocated in `events`: that the checker sees them."""
+    return set(_quarantine_history(events)[0])
+
+
+def quarantine_released_under_a_record(events: Iterable[Object], records: Iterable[Object]) -> list[str]:
+    """Devices whose quarantine claim was deallocated or deleted while a record marking them remained, and
+    whose quarantine was not asserted again after that (health/__init__.py, the quarantine trap: a release
+    makes the scheduler forget the device whatever other claims still hold it).
+
+    A record that exists now, of a NoExecute or NoSchedule device, created before a release of its device,
+    needs an allocation of a quarantine claim of that device after it.
+    """
+    asserted, released = _quarantine_history(events)
     found = []
     for record in records:
         body = record.get("spec") or {}

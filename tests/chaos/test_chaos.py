@@ -465,6 +465,19 @@ def _clear(api: client.ApiClient, marked: Sequence[tuple[str, str, str, str]]) -
         _mark(api, slice_name, device, None)
 
 
+def _wait_quarantined(audit: LabAudit, events: list[dict[str, Any]],
+                      marked: Sequence[tuple[str, str, str, str]]) -> None:
+    """Wait until the audit log shows a quarantine claim allocated on each marked device: the quarantine
+    invariant (I12) sees what it checks."""
+    wanted = {(DRIVER, pool, device) for _, pool, device, _ in marked}
+
+    def seen() -> bool:
+        events.extend(audit.new_events())
+        return wanted <= checker.quarantined_devices(events)
+
+    wait_for("the marked devices' quarantine claims in the audit log", seen, 60)
+
+
 def _renew_time(api: client.ApiClient) -> object:
     return client.CoordinationV1Api(api).read_namespaced_lease("claimwarden", "claimwarden-system").spec.renew_time
 
@@ -541,6 +554,7 @@ def test_a_partitioned_leader_writes_nothing_after_the_new_leaders_first_write(
                         link.heal()
                 churn.wait(600)
             took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked])
+            _wait_quarantined(audit, events, marked)
         finally:
             _clear(chaos_api, marked)
         restarts = replicas.restarts
@@ -635,6 +649,7 @@ def test_a_standby_whose_clock_runs_fast_takes_over_without_overlap(chaos_api: c
                 times = [took_over, replicas.kill_leader()]
                 churn.wait(600)
             took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked])
+            _wait_quarantined(audit, events, marked)
         finally:
             _clear(chaos_api, marked)
     record("10 clock-rate skew (standby 10 % fast)", f"{len(churn.created)} pods created, 4 devices marked",
