@@ -64,8 +64,8 @@ class WriteCounts:
         self.per_object: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
         self.unnamed_creates: Counter[str] = Counter()
         self.by_verb: dict[str, Counter[str]] = defaultdict(Counter)
-        self.refused: Counter[str] = Counter()
-        """Writes answered with an error (a conflict, a precondition, a 404): sent, so counted, and apart."""
+        self.refused: dict[str, Counter[int]] = defaultdict(Counter)
+        """Writes answered with an error, by code (a conflict, a precondition, a 404): sent, so counted, and apart."""
 
     def add(self, events: Iterable[Mapping[str, Any]]) -> None:
         for event in events:
@@ -76,8 +76,9 @@ class WriteCounts:
             kind = str(ref.get("resource")) + (f"/{ref['subresource']}" if ref.get("subresource") == "eviction" else "")
             verb = str(event.get("verb")) + (f" {ref['subresource']}" if ref.get("subresource") else "")
             self.by_verb[kind][verb] += 1
-            if (event.get("responseStatus") or {}).get("code", 200) >= 300:
-                self.refused[kind] += 1
+            code = int((event.get("responseStatus") or {}).get("code") or 200)
+            if code >= 300:
+                self.refused[kind][code] += 1
             if not ref.get("name"):  # a create with generateName: one new object
                 self.unnamed_creates[kind] += 1
                 continue
@@ -98,7 +99,7 @@ class WriteCounts:
                                            / max(1, objects + self.unnamed_creates[kind]), 2),
                 "max": worst[0][1] if worst else 1,
                 "max_object": "/".join(p for p in worst[0][0] if p) if worst else "",
-                "by_verb": dict(self.by_verb[kind].most_common()), "refused": self.refused[kind]})
+                "by_verb": dict(self.by_verb[kind].most_common()), "refused": dict(self.refused[kind].most_common())})
         return figures
 
 

@@ -49,7 +49,8 @@ def test_writes_per_object_by_resource() -> None:
                 {**_write("patch", "pods", "p1"), "stage": "RequestReceived"}])
     evictions, claims = counts.figures()
     assert claims == {"resource": "resourceclaims", "objects": 3, "writes": 5, "writes_per_object": 1.67, "max": 3,
-                      "max_object": "ns/c1", "by_verb": {"patch status": 3, "create": 1, "delete": 1}, "refused": 1}
+                      "max_object": "ns/c1", "by_verb": {"patch status": 3, "create": 1, "delete": 1},
+                      "refused": {409: 1}}
     assert evictions["resource"] == "pods/eviction" and evictions["writes"] == 1
 
 
