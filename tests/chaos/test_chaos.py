@@ -293,10 +293,18 @@ def _marked_targets(api: client.ApiClient, namespace: str, count: int) -> list[t
     slices = {s.spec.node_name: s.metadata.name for s in resource.list_resource_slice().items}
     found = []
     for pod in core.list_namespaced_pod(namespace).items:
-        if pod.status.phase != "Running" or not pod.status.resource_claim_statuses:
+        if (pod.status.phase != "Running" or not pod.status.resource_claim_statuses
+                or pod.metadata.deletion_timestamp):
             continue
-        claim = resource.read_namespaced_resource_claim(pod.status.resource_claim_statuses[0].resource_claim_name,
-                                                        namespace)
+        try:
+            claim = resource.read_namespaced_resource_claim(
+                pod.status.resource_claim_statuses[0].resource_claim_name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:  # the pod is on its way out (evicted, deleted by churn) with its claim
+                continue
+            raise
+        if not (claim.status and claim.status.allocation):
+            continue
         result = claim.status.allocation.devices.results[0]
         found.append((pod.metadata.name, result.pool, result.device, slices[result.pool]))
         if len(found) == count:
