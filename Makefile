@@ -22,8 +22,8 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
 
-.PHONY: help venv bins bins-matrix prometheus lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench bench-smoke chaos bench-explain
+.PHONY: help venv bins bins-matrix prometheus faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
+	install uninstall deploy undeploy image podman lock bench bench-smoke chaos soak bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ bins-matrix: bins ## also build the control planes of 1.35, 1.36 and 1.37 (about
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh
 
+faketime: ## install Debian's faketime (libfaketime) for the chaos suite's clock-rate skew scenario
+	bins/install-faketime.sh
+
 lab: venv bins ## start the local lab (LAB_DIR, LAB_ARGS) in the background
 	$(BIN)/claimwarden lab up --dir $(LAB_DIR) $(LAB_ARGS)
 
@@ -60,7 +63,7 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins-matrix prometheus podman ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
+test: venv bins-matrix prometheus podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" $(CORE_TESTS)
 
@@ -74,8 +77,12 @@ test-matrix: venv bins-matrix prometheus podman ## the full suite on 1.37.2, the
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
-chaos: venv bins prometheus ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced
-	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider tests/chaos
+chaos: venv bins prometheus faketime ## the chaos suite at full scale (1,000 pods, 20 SIGKILLs, ...); `make test` runs it reduced, soak slice included
+	CHAOS_SCALE=full $(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider --deselect tests/chaos/test_soak.py tests/chaos
+
+soak: venv bins ## the soak: churn 20 pods/s, a mark and a clear a minute, a leader kill every 10 min, for SOAK_MINUTES (60); figures in soak-figures.json
+	SOAK_MINUTES=$(or $(SOAK_MINUTES),60) SOAK_FIGURES=$(or $(SOAK_FIGURES),soak-figures.json) \
+		$(BIN)/pytest $(PYTEST_ARGS) -p no:cacheprovider -s tests/chaos/test_soak.py
 
 bench: venv bins ## issue 19's table: claimwarden against kube-controller-manager side by side (PODS=1000 NODES=125; PODS=5000 NODES=500; BENCH_ARGS=--qps 1000,20 or --baseline /path/to/checkout)
 	$(BIN)/python bench/suite.py --pods $(or $(PODS),1000) --nodes $(or $(NODES),125) $(BENCH_ARGS)

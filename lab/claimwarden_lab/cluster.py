@@ -43,8 +43,9 @@ CLAIMWARDEN_USER = "system:serviceaccount:claimwarden-system:claimwarden"
 AUDIT_POLICY = f"""\
 # The lab's apiserver audit policy: every write claimwarden makes, and every eviction by anyone,
 # at Metadata level (who, verb, object, response code, user agent; no bodies), except the leader
-# Lease, whose request bodies show who held it when. Nothing else, so the log stays small and the
-# test suite's auditor reads only what it needs.
+# Lease, whose request bodies show who held it when, and the quarantine claims in claimwarden's
+# namespace, whose bodies show which device each one holds (the chaos checker follows them).
+# Nothing else, so the log stays small and the test suite's auditor reads only what it needs.
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -55,6 +56,13 @@ rules:
     resources:
       - group: "coordination.k8s.io"
         resources: ["leases"]
+  - level: Request
+    users: ["{CLAIMWARDEN_USER}"]
+    verbs: ["create", "update", "patch", "delete"]
+    namespaces: ["claimwarden-system"]
+    resources:
+      - group: "resource.k8s.io"
+        resources: ["resourceclaims", "resourceclaims/status"]
   - level: Metadata
     users: ["{CLAIMWARDEN_USER}"]
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
@@ -411,6 +419,34 @@ def restart_apiserver(state: LabState, say: Say = print, *, runtime_config: str 
     ca = str(state.dir / "pki" / "ca.crt")
     wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca), START_TIMEOUT, [etcd, new])
     say(f"kube-apiserver ready again (pid {new.pid})")
+    return new
+
+
+def restart_etcd(state: LabState, say: Say = print, *, down: float = 0.0) -> Process:
+    """Stop etcd by PID, leave it down for ``down`` seconds, start it again on its data, wait until the
+    apiserver is ready again.
+
+    Its data directory is kept, so nothing is lost: clients see what an etcd member's restart shows them,
+    requests failing (the apiserver answers 5xx or times out) and then going through; watches whose
+    resourceVersion etcd still has resume.
+    """
+    index, old = _process(state, "etcd")
+    _, apiserver = _process(state, "kube-apiserver")
+    if not old.argv:
+        raise LabError(f"etcd was started by an older claimwarden that did not record its command line; run "
+                       f"'claimwarden lab down --dir {state.dir}' and 'lab up' again")
+    say(f"stopping etcd (pid {old.pid}) for {down:g} s")
+    stop(old)
+    time.sleep(down)
+    new = start(old.name, old.argv, Path(old.log).parent, old.env)
+    state.processes[index] = new
+    state.save()
+    wait_until("etcd /health", lambda: http_ok(f"http://127.0.0.1:{state.ports['etcd']}/health"),
+               START_TIMEOUT, [new])
+    ca = str(state.dir / "pki" / "ca.crt")
+    wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca), START_TIMEOUT,
+               [new, apiserver])
+    say(f"etcd ready again (pid {new.pid})")
     return new
 
 

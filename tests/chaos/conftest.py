@@ -18,7 +18,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
     write = terminalreporter.write_line
     write("")
-    write("chaos: | scenario | load | faults | next leader p50 / max | converged in | violations of I1 / ... / I9 |")
+    write("chaos: | scenario | load | faults | next leader p50 / max | converged in | violations of I1 / ... / I12 |")
     write("chaos: | --- | --- | --- | --- | --- | --- |")
     for row in RESULTS:
         write(f"chaos: | {row['scenario']} | {row['load']} | {row['faults']} | {row['leader']} | "

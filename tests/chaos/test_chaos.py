@@ -1,4 +1,4 @@
-"""Six fault scenarios against two claimwarden replicas; every invariant of checker.py must be 0.
+"""Fault scenarios against two claimwarden replicas; every invariant of checker.py must be 0.
 
 1. SIGKILL the leader at random moments during churn.
 2. Restart kube-apiserver mid-churn, once after an etcd compaction (watches get 410 Gone).
@@ -6,16 +6,27 @@
 4. Mark devices whose pods are half covered by PodDisruptionBudgets; kill the leader while evicting.
 5. An overloaded apiserver: API Priority and Fairness rejects claimwarden's excess requests (429).
 6. A rolling update: a new replica starts, the old leader gets SIGTERM.
+7. A partition of the leader: its link to the apiserver drops everything for longer than the lease, then heals.
+8. A slow link: 2 s of added latency on the leader's connection during churn.
+9. etcd stops and starts again (on its data) mid-churn.
+10. Clock-rate skew: the standby's clocks run 10 % fast (libfaketime); the leader freezes right after a
+    renewal, the fast standby takes over, then the fast leader is killed.
+11. The breaker on, and the leader killed right after it used the breaker's room: the new leader may not
+    evict beyond it.
+The soak (test_soak.py) runs beside these.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +36,12 @@ from kubernetes.client.exceptions import ApiException
 
 from claimwarden_lab import cluster
 from claimwarden_lab.cluster import LabState
+from claimwarden_lab.driver import DRIVER
 from tests.integration.auditor import LabAudit, Rules
 from tests.integration.conftest import extra_lab, service_account_kubeconfig
 from tests.integration.helpers import pod_with_claims, template, wait_for
 from tests.integration.operator import Operator
+from tests.integration.slowlink import SlowLink
 
 from . import checker
 from .conftest import RESULTS
@@ -39,9 +52,22 @@ SCALE: dict[str, Any] = {
     "pods": 1000 if FULL else 60, "alive": 250 if FULL else 14,
     "kills": 20 if FULL else 3, "restarts": 3 if FULL else 1, "freeze": 60 if FULL else 20,
     "marked": 50 if FULL else 4, "overload_pods": 200 if FULL else 30, "rollouts": 3 if FULL else 1,
+    "partition": 60 if FULL else 25, "partitions": 3 if FULL else 1, "slow": 120 if FULL else 30,
+    "etcd_restarts": 3 if FULL else 1, "etcd_down": 20 if FULL else 5, "breaker_room": 10 if FULL else 3,
 }
 LEASE, RETRY = 15, 2
 RNG = random.Random(1234)
+BREAKER_OFF = ("--breaker-max-fraction=1",)
+LIBFAKETIME = "/usr/lib/*/faketime/libfaketimeMT.so.1"
+"""Debian's libfaketime (package faketime, `make faketime`), preloaded directly: its `faketime` command forks
+and waits, so a signal to it would not reach the replica (a SIGKILLed "leader" would lead on)."""
+
+
+def fast_clock() -> dict[str, str]:
+    """The environment that makes a process's clocks (time.time and time.monotonic alike) run 10 % fast."""
+    found = sorted(Path("/").glob(LIBFAKETIME.lstrip("/")))
+    assert found, f"no {LIBFAKETIME}: install Debian's faketime (make faketime)"
+    return {"LD_PRELOAD": str(found[0]), "FAKETIME": "+0 x1.1"}
 
 
 # --- the bed --------------------------------------------------------------------------------
@@ -50,7 +76,7 @@ RNG = random.Random(1234)
 def chaos_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
     # Several scenarios mark the same devices, so one record may be written by each: the lab-wide bound is
     # the per-test one times the scenarios.
-    with extra_lab(tmp_path_factory, rules=Rules(max_writes=20 * 6), nodes=SCALE["nodes"],
+    with extra_lab(tmp_path_factory, rules=Rules(max_writes=20 * 11), nodes=SCALE["nodes"],
                    gpus_per_node=SCALE["gpus"]) as state:
         yield state
 
@@ -65,12 +91,18 @@ def chaos_api(chaos_lab: LabState) -> Iterator[client.ApiClient]:
 class Replicas:
     """Two claimwarden processes, identities replica-a and replica-b, as a Deployment would run them."""
 
-    def __init__(self, lab: LabState, directory: Path) -> None:
-        kubeconfig = service_account_kubeconfig(lab)
+    def __init__(self, lab: LabState, directory: Path, *, extra: Sequence[str] = BREAKER_OFF,
+                 kubeconfigs: Sequence[Path | None] = (None, None),
+                 envs: Sequence[dict[str, str] | None] = (None, None)) -> None:
+        """`kubeconfigs` and `envs`: per replica, a kubeconfig other than the direct one (a link) and more
+        environment (libfaketime's)."""
+        direct = service_account_kubeconfig(lab)
         # Unique per scenario, as pod names are: two processes with one identity would share the lease.
-        # The breaker is off here (it has its own tests): scenario 4 marks whole groups of devices on purpose.
-        self.all = [Operator(kubeconfig, directory / f"{name}.log", ["--breaker-max-fraction=1"],
-                             identity=f"{directory.name[:40]}-{name}") for name in ("a", "b")]
+        # The breaker is off by default (it has its own tests, and scenario 11): scenario 4 marks whole
+        # groups of devices on purpose.
+        self.all = [Operator(kubeconfig or direct, directory / f"{name}.log", list(extra),
+                             identity=f"{directory.name[:40]}-{name}", env=env)
+                    for name, kubeconfig, env in zip(("a", "b"), kubeconfigs, envs, strict=True)]
         self.restarts = 0
         self.hands_off = threading.Lock()
         """Held while a scenario handles the processes itself, so that the kubelet stays out of the way."""
@@ -175,24 +207,40 @@ class Churn:
         self._thread.join(timeout)
 
 
-@pytest.fixture
-def bed(chaos_lab: LabState, chaos_api: client.ApiClient, tmp_path: Path,
-        request: pytest.FixtureRequest) -> Iterator[tuple[Replicas, str, LabAudit]]:
-    """Two replicas, a fresh namespace with template `gpu`, and the audit log from now on."""
-    namespace = f"chaos-{request.node.name.split('_', 2)[-1][:30].replace('_', '-')}-{RNG.randrange(10**5)}"
-    core = client.CoreV1Api(chaos_api)
+@contextlib.contextmanager
+def _bed(lab: LabState, api: client.ApiClient, directory: Path, test: str,
+         **replica_options: Any) -> Iterator[tuple[Replicas, str, LabAudit]]:
+    namespace = f"chaos-{test.split('_', 2)[-1][:30].replace('_', '-').strip('-')}-{RNG.randrange(10**5)}"
+    core = client.CoreV1Api(api)
     core.create_namespace(body={"metadata": {"name": namespace}})
-    client.ResourceV1Api(chaos_api).create_namespaced_resource_claim_template(namespace, body=template("gpu"))
-    replicas = Replicas(chaos_lab, tmp_path)
-    audit = LabAudit(chaos_lab)
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("gpu"))
+    replicas = Replicas(lab, directory, **replica_options)
+    audit = LabAudit(lab)
     try:
         replicas.start()
         yield replicas, namespace, audit
     finally:
         try:
-            _free_namespace(chaos_api, namespace)
+            _free_namespace(api, namespace)
         finally:
             replicas.stop()
+
+
+@pytest.fixture
+def bed(chaos_lab: LabState, chaos_api: client.ApiClient, tmp_path: Path,
+        request: pytest.FixtureRequest) -> Iterator[tuple[Replicas, str, LabAudit]]:
+    """Two replicas, a fresh namespace with template `gpu`, and the audit log from now on."""
+    with _bed(chaos_lab, chaos_api, tmp_path, request.node.name) as found:
+        yield found
+
+
+Bed = Callable[..., contextlib.AbstractContextManager[tuple[Replicas, str, LabAudit]]]
+
+
+@pytest.fixture
+def make_bed(chaos_lab: LabState, chaos_api: client.ApiClient, tmp_path: Path, request: pytest.FixtureRequest) -> Bed:
+    """`bed` for replicas with options (Replicas' keywords), made when the scenario is ready for them."""
+    return lambda **options: _bed(chaos_lab, chaos_api, tmp_path, request.node.name, **options)
 
 
 def _free_namespace(chaos_api: client.ApiClient, namespace: str) -> None:
@@ -218,12 +266,13 @@ def read_cluster(api: client.ApiClient, events: list[dict[str, Any]]) -> checker
 
 
 def converge(api: client.ApiClient, audit: LabAudit, events: list[dict[str, Any]],
-             targets: list[tuple[str, str]] = (), timeout: float = 120) -> tuple[float, dict[str, list[str]]]:
+             targets: Sequence[tuple[str, str]] = (), timeout: float = 120,
+             breaker: checker.Breaker | None = None) -> tuple[float, dict[str, list[str]]]:
     """Poll the checker until every invariant holds (or the timeout); return the time taken and the last result."""
     started = time.monotonic()
     while True:
         events.extend(audit.new_events())
-        result = checker.check(read_cluster(api, events), targets)
+        result = checker.check(read_cluster(api, events), targets, breaker)
         if not any(result.values()) or time.monotonic() - started > timeout:
             return time.monotonic() - started, result
         time.sleep(1)
@@ -244,10 +293,18 @@ def _marked_targets(api: client.ApiClient, namespace: str, count: int) -> list[t
     slices = {s.spec.node_name: s.metadata.name for s in resource.list_resource_slice().items}
     found = []
     for pod in core.list_namespaced_pod(namespace).items:
-        if pod.status.phase != "Running" or not pod.status.resource_claim_statuses:
+        if (pod.status.phase != "Running" or not pod.status.resource_claim_statuses
+                or pod.metadata.deletion_timestamp):
             continue
-        claim = resource.read_namespaced_resource_claim(pod.status.resource_claim_statuses[0].resource_claim_name,
-                                                        namespace)
+        try:
+            claim = resource.read_namespaced_resource_claim(
+                pod.status.resource_claim_statuses[0].resource_claim_name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:  # the pod is on its way out (evicted, deleted by churn) with its claim
+                continue
+            raise
+        if not (claim.status and claim.status.allocation):
+            continue
         result = claim.status.allocation.devices.results[0]
         found.append((pod.metadata.name, result.pool, result.device, slices[result.pool]))
         if len(found) == count:
@@ -387,6 +444,251 @@ def test_rolling_update_hands_over_without_missing_work(chaos_api: client.ApiCli
     # The times are figures for the table (target 5 s: README); what must hold is a hand-over by release,
     # sooner than waiting for the lease to expire.
     assert max(times) < LEASE
+
+
+def _steady_pods(api: client.ApiClient, namespace: str, count: int, prefix: str = "steady") -> None:
+    """`count` pods that no churn deletes (to be marked during a fault), running."""
+    core = client.CoreV1Api(api)
+    for i in range(count):
+        core.create_namespaced_pod(namespace, body=pod_with_claims(
+            f"{prefix}-{i}", [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]))
+    wait_for(f"the {prefix} pods running", lambda: sum(
+        p.status.phase == "Running" and p.metadata.name.startswith(f"{prefix}-")
+        for p in core.list_namespaced_pod(namespace).items) == count, 120)
+
+
+def _mark_steady(api: client.ApiClient, namespace: str, count: int, reason: str, prefix: str = "steady",
+                 done: Sequence[tuple[str, str, str, str]] = ()) -> list[tuple[str, str, str, str]]:
+    """Mark the devices of `count` steady pods not among `done`; return them as `_marked_targets` does."""
+    marked = [m for m in _marked_targets(api, namespace, 10**6) if m[0].startswith(f"{prefix}-")
+              and m[0] not in {d[0] for d in done}][:count]
+    assert len(marked) == count, f"only {len(marked)} {prefix} pods to mark"
+    for _, _, device, slice_name in marked:
+        _mark(api, slice_name, device, reason)
+    return marked
+
+
+def _clear(api: client.ApiClient, marked: Sequence[tuple[str, str, str, str]]) -> None:
+    for _, _, device, slice_name in marked:
+        _mark(api, slice_name, device, None)
+
+
+def _wait_quarantined(audit: LabAudit, events: list[dict[str, Any]],
+                      marked: Sequence[tuple[str, str, str, str]]) -> None:
+    """Wait until the audit log shows a quarantine claim allocated on each marked device: the quarantine
+    invariant (I12) sees what it checks."""
+    wanted = {(DRIVER, pool, device) for _, pool, device, _ in marked}
+
+    def seen() -> bool:
+        events.extend(audit.new_events())
+        return wanted <= checker.quarantined_devices(events)
+
+    wait_for("the marked devices' quarantine claims in the audit log", seen, 60)
+
+
+def _renew_time(api: client.ApiClient) -> object:
+    return client.CoordinationV1Api(api).read_namespaced_lease("claimwarden", "claimwarden-system").spec.renew_time
+
+
+def _wait_for_a_renewal(api: client.ApiClient) -> None:
+    renewed = _renew_time(api)
+    wait_for("the leader to renew", lambda: _renew_time(api) != renewed, LEASE, interval=0.05)
+
+
+def clock_rate(env: dict[str, str], seconds: float = 3.0) -> tuple[float, float]:
+    """How fast time.monotonic and time.time run in a Python child with `env`, against our monotonic.
+
+    Each reading of the child's clocks is dated at the middle of its round trip, so a loaded machine's
+    scheduling delays err by half a round trip at each end, not a whole one."""
+    script = "import sys, time\nfor _ in sys.stdin:\n    print(time.monotonic(), time.time(), flush=True)\n"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, **env})
+
+    def read() -> tuple[float, float, float]:
+        assert child.stdin is not None and child.stdout is not None
+        asked = time.monotonic()
+        child.stdin.write("now\n")
+        child.stdin.flush()
+        monotonic, wall = map(float, child.stdout.readline().split())
+        return (asked + time.monotonic()) / 2, monotonic, wall
+
+    try:
+        read()  # the first answer waits for the interpreter to start
+        ours, monotonic, wall = read()
+        time.sleep(seconds)
+        ours_after, monotonic_after, wall_after = read()
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(10)
+    return (monotonic_after - monotonic) / (ours_after - ours), (wall_after - wall) / (ours_after - ours)
+
+
+def test_the_fast_clock_runs_pythons_monotonic_and_wall_clocks_10_percent_fast() -> None:
+    """libfaketime fakes CLOCK_MONOTONIC too (unless told not to): the skew reaches the lease's timers."""
+    monotonic, wall = clock_rate(fast_clock())
+    assert monotonic == pytest.approx(1.1, abs=0.03) and wall == pytest.approx(1.1, abs=0.03), (monotonic, wall)
+    plain_monotonic, _ = clock_rate({})
+    assert plain_monotonic == pytest.approx(1.0, abs=0.03)
+
+
+def test_a_partitioned_leader_writes_nothing_after_the_new_leaders_first_write(
+        chaos_lab: LabState, chaos_api: client.ApiClient, make_bed: Bed, tmp_path: Path) -> None:
+    """Replica a reaches the apiserver through the lab's forwarder; the link drops everything for longer
+    than the lease while a keeps running, then heals. Replica b takes over and evicts the pods of devices
+    marked meanwhile; nothing a sent before the cut lands after b's first write."""
+    events: list[dict[str, Any]] = []
+    times: list[float] = []
+    marked: list[tuple[str, str, str, str]] = []
+    with SlowLink(chaos_lab, tmp_path) as link, make_bed(
+            kubeconfigs=(link.kubeconfig(service_account_kubeconfig(chaos_lab)), None)) as (replicas, namespace, audit):
+        cut_off, other = replicas.all
+        _steady_pods(chaos_api, namespace, 2 * SCALE["partitions"])
+        try:
+            with Churn(chaos_api, namespace, total=SCALE["pods"] // 2, alive=SCALE["alive"]) as churn:
+                for _ in range(SCALE["partitions"]):
+                    if replicas.leader() is not cut_off:
+                        replicas.kill_leader()  # the replica behind the link leads again
+                    time.sleep(RNG.uniform(2, 5))
+                    link.cut()
+                    cut = time.monotonic()
+                    try:
+                        wait_for("the other replica to lead", lambda: other.running and other.leads(), 60,
+                                 interval=0.2)
+                        times.append(time.monotonic() - cut)
+                        marked += _mark_steady(chaos_api, namespace, 2, "marked during a partition", done=marked)
+                        time.sleep(max(0.0, SCALE["partition"] - (time.monotonic() - cut)))
+                    finally:
+                        link.heal()
+                churn.wait(600)
+            took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked])
+            _wait_quarantined(audit, events, marked)
+        finally:
+            _clear(chaos_api, marked)
+        restarts = replicas.restarts
+    record("7 partition of the leader", f"{len(churn.created)} pods created, {len(marked)} devices marked meanwhile",
+           f"{SCALE['partitions']} x {SCALE['partition']} s cut (dropped both ways); replicas restarted by the "
+           f"kubelet: {restarts}", times, took, result)
+
+
+def test_a_slow_link_to_the_leader_loses_nothing(chaos_lab: LabState, chaos_api: client.ApiClient,
+                                                 make_bed: Bed, tmp_path: Path) -> None:
+    """2 s of added latency on everything the leader sends, during churn and while devices are marked."""
+    events: list[dict[str, Any]] = []
+    marked: list[tuple[str, str, str, str]] = []
+    with SlowLink(chaos_lab, tmp_path) as link, make_bed(
+            kubeconfigs=(link.kubeconfig(service_account_kubeconfig(chaos_lab)), None)) as (replicas, namespace, audit):
+        _steady_pods(chaos_api, namespace, 2)
+        leaders: set[str] = set()
+        try:
+            with Churn(chaos_api, namespace, total=SCALE["pods"] // 2, alive=SCALE["alive"]) as churn:
+                time.sleep(3)
+                link.delay(2)
+                slowed = time.monotonic()
+                time.sleep(5)
+                marked = _mark_steady(chaos_api, namespace, 2, "marked over a slow link")
+                while time.monotonic() - slowed < SCALE["slow"]:
+                    leader = replicas.leader()
+                    if leader is not None:
+                        leaders.add(leader.identity)
+                    time.sleep(1)
+                link.delay(0)
+                churn.wait(600)
+            took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked], timeout=180)
+        finally:
+            _clear(chaos_api, marked)
+        restarts = replicas.restarts
+    record("8 slow link to the leader", f"{len(churn.created)} pods created, 2 devices marked meanwhile",
+           f"2 s latency for {SCALE['slow']} s; leaders seen: {len(leaders)}, replicas restarted: {restarts}",
+           [], took, result)
+
+
+def test_etcd_restarts_mid_churn(chaos_lab: LabState, chaos_api: client.ApiClient,
+                                 bed: tuple[Replicas, str, LabAudit]) -> None:
+    replicas, namespace, audit = bed
+    events: list[dict[str, Any]] = []
+    marked: list[tuple[str, str, str, str]] = []
+    _steady_pods(chaos_api, namespace, 2 * SCALE["etcd_restarts"])
+    try:
+        with Churn(chaos_api, namespace, total=SCALE["pods"] // 2, alive=SCALE["alive"]) as churn:
+            for _ in range(SCALE["etcd_restarts"]):
+                time.sleep(RNG.uniform(2, 5))
+                # Marked right before etcd goes: the leader is at work on them when it does.
+                marked += _mark_steady(chaos_api, namespace, 2, "marked before etcd stopped", done=marked)
+                cluster.restart_etcd(chaos_lab, say=lambda _line: None, down=SCALE["etcd_down"])
+            churn.wait(600)
+        took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked], timeout=360)
+    finally:
+        _clear(chaos_api, marked)
+    record("9 etcd restarts mid-churn", f"{len(churn.created)} pods created, {len(marked)} devices marked",
+           f"{SCALE['etcd_restarts']} etcd stops of {SCALE['etcd_down']} s (data kept); replicas restarted by "
+           f"the kubelet: {replicas.restarts}", [], took, result)
+
+
+def test_a_standby_whose_clock_runs_fast_takes_over_without_overlap(chaos_api: client.ApiClient,
+                                                                    make_bed: Bed) -> None:
+    """Replica b's clocks run 10 % fast (so it finds the lease expired 10 % early). The leader freezes right
+    after a renewal, while devices are marked; b takes over; the leader thaws and must not write. Then b,
+    leading with its fast clock, is killed and a takes over again."""
+    monotonic, wall = clock_rate(fast_clock())
+    assert monotonic == pytest.approx(1.1, abs=0.03) and wall == pytest.approx(1.1, abs=0.03), (monotonic, wall)
+    events: list[dict[str, Any]] = []
+    marked: list[tuple[str, str, str, str]] = []
+    with make_bed(envs=(None, fast_clock())) as (replicas, namespace, audit):
+        slow, fast = replicas.all
+        _steady_pods(chaos_api, namespace, 4)
+        try:
+            with Churn(chaos_api, namespace, total=SCALE["pods"] // 2, alive=SCALE["alive"]) as churn:
+                time.sleep(3)
+                with replicas.hands_off:
+                    _wait_for_a_renewal(chaos_api)
+                    slow.freeze()
+                    frozen = time.monotonic()
+                    try:
+                        marked = _mark_steady(chaos_api, namespace, 2, "marked while the leader was frozen")
+                        wait_for("the fast standby to lead", fast.leads, LEASE + RETRY + 15, interval=0.1)
+                        took_over = time.monotonic() - frozen
+                        time.sleep(3)  # the new leader writes
+                    finally:
+                        slow.thaw()
+                    assert slow.proc is not None and slow.proc.wait(timeout=30) != 0
+                    slow.start(lead=False)
+                marked += _mark_steady(chaos_api, namespace, 2, "marked while the fast replica led", done=marked)
+                times = [took_over, replicas.kill_leader()]
+                churn.wait(600)
+            took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked])
+            _wait_quarantined(audit, events, marked)
+        finally:
+            _clear(chaos_api, marked)
+    record("10 clock-rate skew (standby 10 % fast)", f"{len(churn.created)} pods created, 4 devices marked",
+           f"leader frozen after a renewal, fast standby took over in {took_over:.1f} s; then the fast leader "
+           "SIGKILLed", times, took, result)
+
+
+def test_the_breaker_room_holds_across_a_failover(chaos_api: client.ApiClient, make_bed: Bed) -> None:
+    """The breaker on (--breaker-max-pods): twice its room in devices marked at once, and the leader killed
+    the moment it used the room. The new leader inherits the window and may not evict beyond it."""
+    room = SCALE["breaker_room"]
+    events: list[dict[str, Any]] = []
+    with make_bed(extra=("--breaker-max-fraction=1", f"--breaker-max-pods={room}")) as (replicas, namespace, audit):
+        _steady_pods(chaos_api, namespace, 2 * room, prefix="held")
+        marked = _mark_steady(chaos_api, namespace, 2 * room, "mass failure", prefix="held")
+        try:
+            def room_used() -> bool:
+                events.extend(audit.new_events())
+                return sum(checker.eviction_counts(events).values()) >= room
+
+            wait_for("the breaker's room used", room_used, 120, interval=0.05)
+            times = [replicas.kill_leader()]
+            time.sleep(LEASE)  # the new leader's chance to evict beyond the room
+            breaker = checker.Breaker(limit=room, window=600, drivers={(namespace, m[0]): DRIVER for m in marked})
+            took, result = converge(chaos_api, audit, events, breaker=breaker, timeout=60)
+        finally:
+            _clear(chaos_api, marked)
+        evicted = sum(checker.eviction_counts(events).values())
+    record("11 breaker on, leader killed once its room is used", f"{2 * room} pods on marked devices, room {room}",
+           "1 SIGKILL right after the last eviction the room allows", times, took, result)
+    assert evicted == room, f"{evicted} pods evicted; the breaker's room is {room}"
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
-"""A slow link between one claimwarden replica and the lab's apiserver.
+"""A slow (or cut) link between one claimwarden replica and the lab's apiserver.
 
 The lab's TCP forwarder (`claimwarden_lab.forward`) sits between the replica and the apiserver;
 `delay` sets how long what the replica sends takes to arrive (answers are not delayed). It models
 latency on the wire: a request the replica gave up on still arrives (forward.py says exactly what
-it models).
+it models). `cut` partitions the link until `heal`: nothing passes either way, what is sent
+meanwhile is dropped, and connections that lost bytes are reset when it heals.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ class SlowLink:
         self.directory = directory
         self.port = free_port()
         self.delay_file = directory / "link-delay"
+        self.partition_file = directory / "link-partitioned"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> SlowLink:
         target = urllib.parse.urlsplit(self.lab.api_url).port
         self.delay(0)
+        self.heal()
         with (self.directory / "forward.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "claimwarden_lab.forward", "127.0.0.1", str(self.port), str(target),
-                 "--delay-file", str(self.delay_file)], stdout=log, stderr=subprocess.STDOUT)
+                 "--delay-file", str(self.delay_file), "--partition-file", str(self.partition_file)],
+                stdout=log, stderr=subprocess.STDOUT)
         wait_for("the forwarder to listen", self._listening, 10, interval=0.1)
         return self
 
@@ -68,3 +72,10 @@ class SlowLink:
         partial = self.delay_file.with_suffix(".partial")
         partial.write_text(f"{seconds:g}")
         os.replace(partial, self.delay_file)
+
+    def cut(self) -> None:
+        """Partition the link: from now on nothing passes either way (until `heal`)."""
+        self.partition_file.touch()
+
+    def heal(self) -> None:
+        self.partition_file.unlink(missing_ok=True)

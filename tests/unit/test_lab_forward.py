@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from claimwarden_lab.forward import _serve, delay_from
+from claimwarden_lab.forward import _serve, delay_from, flag_from
 from claimwarden_lab.processes import free_port
 
 
@@ -29,17 +29,21 @@ class Target:
 
 
 class Link:
-    """A `Target` behind the forwarder, whose delay is the file `delay_file`."""
+    """A `Target` behind the forwarder, whose delay is the file `delay_file` (and which is cut while
+    `partition_file`, when given, exists)."""
 
-    def __init__(self, delay_file: Path) -> None:
+    def __init__(self, delay_file: Path | None, partition_file: Path | None = None) -> None:
         self.delay_file = delay_file
+        self.partition_file = partition_file
         self.target = Target()
 
     async def __aenter__(self) -> Link:
         self.server = await asyncio.start_server(self.target.handle, "127.0.0.1", 0)
         self.port = free_port()
-        self.forwarder = asyncio.create_task(_serve("127.0.0.1", self.port, self.server.sockets[0].getsockname()[1],
-                                                    delay_from(self.delay_file)))
+        self.forwarder = asyncio.create_task(_serve(
+            "127.0.0.1", self.port, self.server.sockets[0].getsockname()[1],
+            delay_from(self.delay_file) if self.delay_file else None,
+            flag_from(self.partition_file) if self.partition_file else None))
         for _ in range(100):
             with contextlib.suppress(OSError):
                 _, probe = await asyncio.open_connection("127.0.0.1", self.port)
@@ -56,7 +60,8 @@ class Link:
 
     async def send(self, data: bytes, delay: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, float]:
         """With the delay set to `delay`, connect and send `data`; also return when it was sent."""
-        self.delay_file.write_text(f"{delay:g}")
+        if self.delay_file is not None:
+            self.delay_file.write_text(f"{delay:g}")
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         writer.write(data)
         return reader, writer, asyncio.get_running_loop().time()
@@ -103,3 +108,49 @@ def test_no_delay_file_means_no_delay(tmp_path: Path) -> None:
     assert delay_from(tmp_path / "missing")() == 0.0
     (tmp_path / "empty").write_text("")
     assert delay_from(tmp_path / "empty")() == 0.0
+
+
+async def _answer(reader: asyncio.StreamReader, within: float) -> bytes | None:
+    """What the client reads within `within` seconds: the bytes, b"" at the end of the stream, None if nothing."""
+    try:
+        return await asyncio.wait_for(reader.read(2), within)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return b""
+
+
+@pytest.mark.parametrize("delayed", [False, True], ids=["plain", "with a delay file"])
+def test_a_partition_drops_what_is_sent_and_resets_what_lost_bytes_when_it_heals(tmp_path: Path,
+                                                                                delayed: bool) -> None:
+    cut = tmp_path / "partitioned"
+
+    async def scenario() -> None:
+        async with Link(tmp_path / "delay" if delayed else None, cut) as link:
+            reader, writer, _ = await link.send(b"before", 0)
+            assert await _answer(reader, 1) == b"ok"
+            idle_reader, idle_writer, _ = await link.send(b"idle", 0)
+            assert await _answer(idle_reader, 1) == b"ok"
+            cut.touch()
+            writer.write(b"during")
+            assert await _answer(reader, 0.5) is None, "nothing comes back through a cut link"
+            late_reader, late_writer, _ = await link.send(b"new", 0)  # accepted, then a blackhole
+            assert await _answer(late_reader, 0.5) is None
+            cut.unlink()  # healed: what lost bytes is reset, the idle connection goes on
+            assert await _answer(reader, 2) == b""
+            assert await _answer(late_reader, 2) == b""
+            idle_writer.write(b"after")
+            assert await _answer(idle_reader, 1) == b"ok"
+            for each in (writer, idle_writer, late_writer):
+                each.close()
+            await asyncio.sleep(0.1)
+        received = b"".join(data for _, data in link.target.arrived)
+        assert b"during" not in received and b"new" not in received, "dropped, never delivered later"
+        assert b"before" in received and b"after" in received
+
+    asyncio.run(scenario())
+
+
+def test_no_partition_file_means_no_partition(tmp_path: Path) -> None:
+    assert not flag_from(tmp_path / "missing")()
+    assert not flag_from(None)()

@@ -176,7 +176,15 @@ class ClaimsController:
             wanted = {e["name"]: e["resourceClaimName"] for e in entries}
             if plan.status_apply_due(wanted, applied, version, str(pod["metadata"].get("resourceVersion") or ""),
                                      time.monotonic() - applied_at, fresh=APPLIED_FRESH):
-                result = await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+                try:
+                    result = await self.kube.apply_pod_claim_statuses(namespace, name, entries)
+                except ApiError as exc:
+                    if exc.not_found:
+                        # Gone: its DELETED event has not reached the cache yet, and the claims it controls go
+                        # with it (garbage collector). Retrying would apply to nothing until the cache caught up.
+                        log.info("pod %s/%s is gone; its claims are not recorded", namespace, name)
+                        return
+                    raise
                 self._applied[uid] = (time.monotonic(), wanted, str(result["metadata"].get("resourceVersion") or ""))
                 log.info("pod %s/%s: recorded claims %s", namespace, name,
                          ", ".join(f"{pcn}={claim}" for pcn, claim in sorted(recorded.items())))
