@@ -79,8 +79,11 @@ class AdmissionPolicies:
     async def _found(self, in_force: bool, problem: str, marking_in_force: bool, uids: tuple[str, ...]) -> None:
         changed = in_force != self.approval_in_force or not self.known
         # A binding added is no gap; the policy or a binding seen before with another UID (or gone) may be one.
-        recreated = in_force and self.approval_in_force and bool(self._uids) and (
-            uids[0] != self._uids[0] or not set(self._uids[1:]) <= set(uids[1:]))
+        # Back after a read found it missing: approvals set in between were not checked, and one whose record was
+        # not reconciled (and so not removed) meanwhile must not count now.
+        recreated = in_force and ((self.known and not self.approval_in_force) or (
+            self.approval_in_force and bool(self._uids) and (
+                uids[0] != self._uids[0] or not set(self._uids[1:]) <= set(uids[1:]))))
         self.approval_in_force, self.approval_problem, self.known = in_force, problem, True
         self._uids = uids
         metrics.ADMISSION_POLICY.labels(approval.POLICY).set(1 if in_force else 0)

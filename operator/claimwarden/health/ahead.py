@@ -71,7 +71,8 @@ class AheadWrites:
         version = resource_version(record)
         held = self._held.get(name)
         if held is None or version > held.version:
-            self._held[name] = _Held(version, dict(record.get("status") or {}))
+            status = record.get("status") or {}  # only what the writes merge with: not a second copy of the cache
+            self._held[name] = _Held(version, {k: status[k] for k in ("podsEvicted", "recentEvictions") if k in status})
 
     async def add(self, record: Body, entry: Recent) -> dict[str, Any]:
         """Store the entry in the record's status; return the podsEvicted and recentEvictions written.

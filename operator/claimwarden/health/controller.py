@@ -85,6 +85,8 @@ class RecordMemory:
     exclusive: set[str] | None = None
     """Those of them that kube-scheduler counted as allocating it (None after a restart: the status does
     not say, and all holders count then)."""
+    planned: float = float("-inf")
+    """When (monotonic) the plan the device's last quarantine sync used was made."""
 
 
 class HealthController:
@@ -126,7 +128,7 @@ class HealthController:
         self._removed: dict[str, approval.Verdict] = {}  # record -> the approval removed, while the policy is missing
         # record -> (by, generation) of the approval a fresh read of the policy confirmed (admission.confirm).
         self._confirmed: dict[str, tuple[str, int | None]] = {}
-        self._shown: dict[str, str] = {}  # driver -> the open breaker's message the records were asked to show
+        self._shown: dict[str, tuple[bool, int, int, int, int | None]] = {}
         # claim (namespace, name) -> records whose device it held: wakes them when the claim lets go.
         self._claim_records: dict[tuple[str, str], set[str]] = {}
         self._record_claims: dict[str, set[tuple[str, str]]] = {}  # the same, from the record's side
@@ -310,8 +312,6 @@ class HealthController:
             if approval.APPROVED_BY in ((record.get("metadata") or {}).get("annotations") or {}):
                 if recreated:
                     self._distrusted.add(name)
-                if self._records_seeded:  # the breaker's totals follow what counts now, before the reconcile
-                    self._note_record(record)
                 self.record_queue.add(name)
             elif _condition_true(record, approval.CONDITION, status="False"):  # an approval removed: said no more
                 self.record_queue.add(name)
@@ -351,11 +351,13 @@ class HealthController:
         """On a change of the driver's breaker: metric, log, one Warning Event, and every record of the
         driver looked at again (their EvictionPaused conditions)."""
         driver = decision.driver
-        # While open, any change of its message (what is counted, pending or evicted, the limit) refreshes the
-        # records' messages too: with only (counted, limit) compared, a record paused before the last evictions
-        # kept saying "5 pending, 11 evicted" once the count stood at 16 either way.
-        shown = decision.reason if decision.open else ""
-        if self._shown.get(driver, "") == shown:
+        # While open, a change in what its records' messages count (pending, evicted, the limit) refreshes them
+        # too: with only (counted, limit) compared, a record paused before the last evictions kept saying
+        # "5 pending, 11 evicted" once the count stood at 16 either way. Not the population: claim events move it
+        # all the time, and every record of the driver would be written again for each.
+        shown = (True, decision.counted, decision.pending, decision.recent, decision.limit) if decision.open \
+            else (False, 0, 0, 0, None)
+        if self._shown.get(driver, (False, 0, 0, 0, None)) == shown:
             return
         self._shown[driver] = shown
         for name in self.breaker_view.records_of(driver):
@@ -406,6 +408,7 @@ class HealthController:
         marked_at = parse_rfc3339(status.get("markedAt")) or parse_rfc3339(
             record["metadata"].get("creationTimestamp")) or moment
 
+        planned = time.monotonic()  # the device's quarantine sync ignores a plan older than the last it used
         holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
         # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
         record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
@@ -432,7 +435,7 @@ class HealthController:
             self.record_queue.add_after(name, _until_room(decision, moment))
         evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
         await self._note_breaker(decision, record)
-        quarantine = await self._sync_quarantine(record, ref, record_plan)
+        quarantine = await self._sync_quarantine(record, ref, record_plan, planned)
         memory.holders, memory.exclusive = holders, exclusive
         # The rule waits for evictions under way, not for ones held back, and not for long.
         blocked = self.evictions.blocked(name)
@@ -447,12 +450,16 @@ class HealthController:
                                  held_back=held_back,
                                  settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
 
-    async def _sync_quarantine(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan) -> list[str]:
+    async def _sync_quarantine(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
+                               planned: float) -> list[str]:
         """Sync the device's one quarantine claim (whichever of its records asks); return its names for the
         record's status ([] for a record whose effect does not quarantine).
 
         Rule 1 is the device's: the holders seen at the device's last sync decide whether one let go since,
-        so that of two records seeing the same release only the first replaces the claim.
+        so that of two records seeing the same release only the first replaces the claim. A plan made
+        (`planned`, monotonic) before the one the device's last sync used is stale: another record saw the
+        holders later, and this one's older view would put back a holder gone since and replace the claim
+        again for nothing. The record is looked at again instead.
         """
         self._record_devices[record["metadata"]["name"]] = ref
         siblings = self._records_for(ref)
@@ -462,6 +469,10 @@ class HealthController:
         names = sorted({record["metadata"]["name"], *(r["metadata"]["name"] for r in siblings)})
         async with self._device_locks.setdefault(ref, asyncio.Lock()):
             device = self._device_memory_of(ref, siblings)
+            if planned < device.planned:
+                self.record_queue.add(record["metadata"]["name"])
+                return list((record.get("status") or {}).get("quarantineClaims") or [])
+            device.planned = planned
             # Only a claim that kept the device allocated in kube-scheduler's eyes makes the quarantine claim be
             # asserted again when it goes: an admin-access holder (a diagnostics pod) was never counted.
             exclusive = set(record_plan.exclusive_holders)

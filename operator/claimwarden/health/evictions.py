@@ -14,8 +14,8 @@ it agrees (a claim reserved for the running pod keeps its allocation) and read o
 no; pods this process evicted are not read again; one Event goes on the pod, posted beside the
 evictions rather than before the next one (``EventPoster``); and the record's counts are written
 by its reconcile, paced (counts.py), or, while the breaker is on, ahead of the call in a write of
-their own that evictions of one record share (window.py, ahead.py). A new leader starts the counts
-from one live LIST of the records (``seed``). PodDisruptionBudgets hold: a refusal is retried with
+their own that evictions of one record share (window.py, ahead.py); a new leader then starts the
+counts from one live LIST of the records (``seed``). PodDisruptionBudgets hold: a refusal is retried with
 back-off until the budget allows it or the mark is cleared.
 
 Right before the call the blast-radius breaker applies (breaker.py, README "What claimwarden will
@@ -71,6 +71,7 @@ CONFLICT_RETRY = 0.5  # seconds before an eviction whose pod changed twice meanw
 PDB_API = "/apis/policy/v1"
 EVENT_POSTERS = 4
 FLUSH_SECONDS, FLUSH_WRITERS = 10.0, 8  # at shutdown: the counts still in memory, written 8 at once within 10 s
+SEED_RETRY = 5.0  # seconds: keys that waited for a live LIST of the records that failed come back without one
 PUMP_MIN = 0.01  # seconds: the shortest wait before parked evictions are looked at for a token again
 EVENTS_PENDING_MAX = 10_000  # Events posted at once: enough to keep up, few enough that evictions go first
 RECORD_LIST_ITEMS_PER_GET = 20  # assumed: a metadata-only LIST item costs about 1/20 of a GET, either side
@@ -129,6 +130,7 @@ class Evictions:
         # first needs them (``seed``): its cache may not hold the previous leader's last writes yet.
         self._live: dict[str, dict[str, Any]] | None = None
         self._seeding = asyncio.Lock()
+        self._seed_failed = -SEED_RETRY  # monotonic time of the last LIST that failed
         self.counts = CountWrites()
         self._record_versions = NextRead(self._read_asked_records)
         self._records_asked: set[str] = set()  # the names the read being gathered will answer
@@ -163,13 +165,23 @@ class Evictions:
         self._recent.setdefault(name, recent)
 
     async def seed(self) -> None:
-        """Before this process first decides on a record's counts (a new leader): one live LIST of the records.
-        A failed LIST raises, so that the caller's key is retried; nothing is decided on the cache alone."""
-        if self._live is not None:
+        """Before this process first decides on a record's counts (a new leader, the breaker on): one live LIST of
+        the records. A failed LIST raises, so that the caller's key is retried; nothing is decided on the cache
+        alone. The keys that waited for a LIST that failed do not each send another: for SEED_RETRY seconds they
+        are put back without one (a slow apiserver at a failover would otherwise get a LIST of every record per
+        waiting worker). With the breaker off nothing reads the window, and the counts start from the cache."""
+        if self._live is not None or self.ahead is None:
             return
         async with self._seeding:
             if self._live is None:
-                listed = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+                since = time.monotonic() - self._seed_failed
+                if since < SEED_RETRY:
+                    raise Requeue(SEED_RETRY - since, "seed")
+                try:
+                    listed = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+                except Exception:
+                    self._seed_failed = time.monotonic()
+                    raise
                 self._live = window.seed(listed)
                 # A record whose counts this process started from the cache before the LIST (a breaker decision
                 # came first) takes in what the LIST holds too.
@@ -195,6 +207,9 @@ class Evictions:
         return self._in_flight.get(driver, 0)
 
     def forget(self, record_name: str) -> None:
+        # A record of the same device gets the same name: it must not inherit this one's refusals (blocked()).
+        for key in [key for key in self._pdb_attempts if cast(EvictionKey, key)[0] == record_name]:
+            self._unblock(key)
         self._evicted.pop(record_name, None)
         self._recent.pop(record_name, None)
         self.counts.forget(record_name)
@@ -232,6 +247,7 @@ class Evictions:
         record, pod, ref, pinned = target
         wait = _drain_wait(record)
         if wait is None:
+            self._unblock(key)
             return
         if wait > 0:
             raise Requeue(wait, "drain")
@@ -257,6 +273,7 @@ class Evictions:
                 await self._write_ahead(record, window.entry(pod_ref, now()))
             except RecordGone:
                 let_go()
+                self._unblock(key)
                 return
             except BaseException:
                 let_go()
