@@ -50,10 +50,10 @@ DEFAULT_MIN_PODS = 8
 DEFAULT_WINDOW = timedelta(minutes=10)
 CONDITION = "EvictionPaused"
 RECENT_MAX = 256
-CLAIM_PODS_PER_DEVICE = 1
-"""A claim counts at most this many of its pods per device of the driver it was allocated."""
 """At most this many recent evictions are kept in one record's status (a device with more
 consumers is not evicted faster than the window can remember anyway)."""
+CLAIM_PODS_PER_DEVICE = 1
+"""A claim counts at most this many of its pods per device of the driver it was allocated."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,21 @@ from .breaker import DriverView, Recent
 ClaimKey = tuple[str, str]  # (namespace, name)
 
 
+def _shift(totals: dict[str, Counter[str]], driver: str, *, added: Iterable[str] = (),
+           removed: Iterable[str] = ()) -> None:
+    """Count `added` once more and `removed` once less among the driver's pods; a pod at 0 leaves, and so does
+    a driver left with none."""
+    counts = totals.setdefault(driver, Counter())
+    for pod in added:
+        counts[pod] += 1
+    for pod in removed:
+        counts[pod] -= 1
+        if counts[pod] <= 0:
+            del counts[pod]
+    if not counts:
+        del totals[driver]
+
+
 class Population:
     """driver -> the pods holding its devices, as the claims count them (breaker.claim_holders)."""
 
@@ -43,15 +58,7 @@ class Population:
             old, new = before.get(driver, frozenset()), holders.get(driver, frozenset())
             if old == new:
                 continue
-            counts = self._pods.setdefault(driver, Counter())
-            for pod in new - old:
-                counts[pod] += 1
-            for pod in old - new:
-                counts[pod] -= 1
-                if counts[pod] <= 0:
-                    del counts[pod]
-            if not counts:
-                del self._pods[driver]
+            _shift(self._pods, driver, added=new - old, removed=old - new)
 
     def reset(self, claims: Mapping[ClaimKey, Mapping[str, frozenset[str]]]) -> None:
         """Every claim's holders at once (a rebuild from the cache)."""
@@ -99,9 +106,6 @@ class BreakerView:
         self._driver_records.setdefault(driver, set()).add(name)
         self._window.setdefault(driver, []).extend((name, self._generations, entry) for entry in recent())
 
-    def is_registered(self, name: str) -> bool:
-        return name in self._records
-
     def records_of(self, driver: str) -> list[str]:
         return sorted(self._driver_records.get(driver, ()))
 
@@ -119,19 +123,11 @@ class BreakerView:
         """The pods the record would evict now and that the breaker counts (None or empty: none)."""
         before = self._pending_of.pop(name, None)
         if before is not None:
-            counts = self._pending.get(before[0], Counter())
-            for pod in before[1]:
-                counts[pod] -= 1
-                if counts[pod] <= 0:
-                    del counts[pod]
-            if not counts:
-                self._pending.pop(before[0], None)
+            _shift(self._pending, before[0], removed=before[1])
         if driver is None or not pods:
             return
         self._pending_of[name] = (driver, pods)
-        counts = self._pending.setdefault(driver, Counter())
-        for pod in pods:
-            counts[pod] += 1
+        _shift(self._pending, driver, added=pods)
 
     def add_recent(self, name: str, entry: Recent) -> None:
         """The record evicted a pod (a record not registered yet brings its evictions when it is)."""

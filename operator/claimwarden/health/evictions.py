@@ -186,9 +186,7 @@ class Evictions:
                 # A record whose counts this process started from the cache before the LIST (a breaker decision
                 # came first) takes in what the LIST holds too.
                 for name in [name for name in self._live if name in self._recent or name in self._evicted]:
-                    evicted, recent = window.start(self._live.pop(name), {})
-                    self._evicted[name] = max(self._evicted.get(name, 0), evicted)
-                    self._merge_recent(name, recent)
+                    self._take_in(name, *window.start(self._live.pop(name), {}))
                 if self.ahead is not None:
                     for record in listed:
                         self.ahead.note(record)
@@ -375,13 +373,13 @@ class Evictions:
         name = record["metadata"]["name"]
         self.recent(record)  # started from the LIST and the cache before it is replaced
         written = await self.ahead.add(record, entry)
-        evicted, recent = window.pods_evicted(written), breaker.parse_recent(written)
-        self._evicted[name] = max(self._evicted.get(name, 0), evicted)
-        self._merge_recent(name, recent)
+        self._take_in(name, window.pods_evicted(written), breaker.parse_recent(written))
 
-    def _merge_recent(self, name: str, recent: list[breaker.Recent]) -> None:
-        """The record's window in memory becomes its own entries still in the window and `recent` together; the
-        entries new to it go to the breaker's totals (``on_recent``)."""
+    def _take_in(self, name: str, evicted: int, recent: list[breaker.Recent]) -> None:
+        """What the record holds (a write's answer, a live LIST) joins the counts in memory: podsEvicted the
+        higher; the window its own entries still in it and `recent` together, the entries new to it going to
+        the breaker's totals (``on_recent``)."""
+        self._evicted[name] = max(self._evicted.get(name, 0), evicted)
         before = self._recent.get(name, [])
         kept = breaker.in_window(before, now(), self.breaker_settings.window)  # older: dropped
         self._recent[name] = window.union(kept, recent)
