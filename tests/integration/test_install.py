@@ -12,7 +12,7 @@ from kubernetes import client, config
 
 from claimwarden_lab.cluster import LabState
 
-from .conftest import extra_lab
+from .conftest import extra_lab, token_kubeconfig
 from .health_helpers import device_of, mark, unmark, wait_gone
 from .helpers import pod_with_claims, template, wait_for
 from .operator import Operator
@@ -155,13 +155,7 @@ def test_an_overlay_into_another_namespace_keeps_the_lease_and_the_quarantine_th
             core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
             token = core.create_namespaced_service_account_token("claimwarden", "gpu-ops", body={
                 "spec": {"audiences": [], "expirationSeconds": 3600}}).status.token
-            kubeconfig = tmp_path / "gpu-ops.kubeconfig"
-            kubeconfig.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-                "clusters": [{"name": "lab", "cluster": {"server": state.api_url,
-                                                         "certificate-authority": str(state.dir / "pki" / "ca.crt")}}],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "lab", "user": "sa"}}]}))
+            kubeconfig = token_kubeconfig(state, tmp_path / "gpu-ops.kubeconfig", token)
             operator = Operator(kubeconfig, tmp_path / "claimwarden.log", env={"POD_NAMESPACE": "gpu-ops"})
             operator.start()
             try:
