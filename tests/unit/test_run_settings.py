@@ -86,3 +86,17 @@ def test_login_reads_the_kubeconfig_from_the_memo(tmp_path: Path) -> None:
     info = app.login(settings=kopf.OperatorSettings(), memo=memo)
     assert isinstance(info, kopf.ConnectionInfo)
     assert (info.server, info.token, info.insecure) == ("https://127.0.0.1:6443", "secret-token", True)
+
+
+def test_the_namespace_is_the_pods_own_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace_file = tmp_path / "namespace"
+    assert cli.own_namespace({}, namespace_file) == "claimwarden-system"  # outside a pod
+    namespace_file.write_text("from-the-token\n")
+    assert cli.own_namespace({}, namespace_file) == "from-the-token"
+    assert cli.own_namespace({"POD_NAMESPACE": "gpu-ops"}, namespace_file) == "gpu-ops"  # the Downward API first
+    assert cli.own_namespace({"POD_NAMESPACE": " "}, namespace_file) == "from-the-token"
+    monkeypatch.setenv("POD_NAMESPACE", "gpu-ops")
+    settings = _settings()
+    assert settings.namespace == "gpu-ops"
+    assert settings.election is not None and settings.election.namespace == "gpu-ops"
+    assert _settings("--namespace=ops").namespace == "ops"  # the flag wins
