@@ -266,7 +266,11 @@ def _run(args: argparse.Namespace) -> int:
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
-        app.register_health_handlers()
+        signals = app.records_crd_installed(kubeconfig=settings.kubeconfig, plural="healthpolicies")
+        if not signals:
+            print("claimwarden: the HealthPolicy CRD (healthpolicies.claimwarden.io) is not installed; device health "
+                  "from signals is off ('kubectl apply -k crds/' installs it)", file=sys.stderr)
+        app.register_health_handlers(signals=signals)
     kopf_state = runtime.KopfState()
     # Kopf's peering is off, but Kopf still names the process, by default from getpass.getuser(),
     # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as

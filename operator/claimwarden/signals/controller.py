@@ -1,0 +1,494 @@
+"""One device at a time: collect its signals, route it to a policy, merge, decide, write its record.
+
+The queue is keyed by DeviceRef. A reconcile reads everything level-based from the caches (the driver
+taints of the device's complete pool, the KEP-4680 health of the pods holding it, the conditions of its
+node) and takes the pushed observations (Alertmanager) that wait in memory until they are written. Of
+those, only what a rule of the device's policy matches is written (and the healthy ones of a signal a
+rule watches: recovery needs them); the rest is counted and remembered in memory, so that it is counted
+once. The record is created only when a rule matched something; it is patched only when its status or
+spec changed, so that a quiet device costs no write.
+
+A recovered record stays (effect None, its history kept, so that a re-fault escalates) and is deleted
+once its policy's refaultWindow has passed without a new observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from .. import metrics
+from ..cache import Body, Cache, resource_version
+from ..health import records
+from ..health.records import DeviceRef
+from ..kube.api import Kube
+from ..kube.errors import ApiError
+from ..podclaims import allocated_devices
+from ..timestamps import format_rfc3339, now
+from ..workqueue import Retry, WorkQueue
+from . import decide, nodes, observations, podhealth, policy, taints
+from . import records as signal_records
+from .observations import HEALTHY, UNHEALTHY, UNKNOWN, Observation
+
+log = logging.getLogger("claimwarden.signals")
+
+RECORDS_API = f"{records.GROUP}/{records.VERSION}"
+POLICY_API = "claimwarden.io/v1alpha1"
+OBSERVE_TIMEOUT = 10.0  # seconds the webhook waits for its observations to be written (then 503: retried)
+REQUEUE_MAX = 300.0  # seconds between looks at a record that waits for time to pass (hold, deletion)
+REQUEUE_MIN = 1.0
+INVALID_POLICY = "InvalidHealthPolicy"
+INVALID_VERIFIED = "InvalidVerifiedClear"
+WORKLOAD_FAULT = "WorkloadFault"
+
+
+@dataclass
+class _Pending:
+    """Observations pushed for a device (the webhook's), and who waits for them to be written."""
+
+    observations: list[Observation]
+    waiters: list[asyncio.Future[None]]
+
+
+class SignalsController:
+    """The signals' queue, the router over the HealthPolicies, the fleet view, and what waits in memory."""
+
+    def __init__(self, *, cache: Cache, kube: Kube) -> None:
+        self.cache = cache
+        self.kube = kube
+        self.queue = WorkQueue("signals")
+        self._pushed: dict[DeviceRef, _Pending] = {}
+        self._unwritten: dict[DeviceRef, list[Observation]] = {}
+        """Observations collected but not written (no rule matched): remembered so that each is counted once."""
+        self._written: dict[str, tuple[int, Body]] = {}
+        """Record name -> (resourceVersion our last status write returned, that status), until the cache has it."""
+        self._fleet: dict[DeviceRef, list[Observation]] = {}
+        self._fleet_seeded = False
+        self._router: policy.Router | None = None
+        self._router_key: tuple[Any, ...] | None = None
+        self._reported: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # What the last event of each object showed, to queue only the devices whose signals changed.
+        self._slice_taints: dict[str, dict[str, list[Body]]] = {}
+        self._pod_health: dict[str, frozenset[podhealth.DeviceHealth]] = {}
+        self._node_conditions: dict[str, list[Body]] = {}
+
+    # --- events -> queue ------------------------------------------------------------------------
+
+    def enqueue(self, ref: DeviceRef) -> None:
+        self.queue.add(ref)
+
+    def enqueue_record(self, record: Body) -> None:
+        if signal_records.is_signal_record(record) and (ref := records.record_ref(record)) is not None:
+            self.queue.add(ref)
+
+    def enqueue_all(self) -> None:
+        """Every device with a signal record or a signal now (a policy changed, a resync)."""
+        for ref in sorted(self._candidates(), key=str):
+            self.queue.add(ref)
+
+    def _candidates(self) -> set[DeviceRef]:
+        found = {ref for record in self.cache.records() if signal_records.is_signal_record(record)
+                 and (ref := records.record_ref(record)) is not None}
+        found |= set(self._pushed)
+        for slice_ in self.cache.resource_slices():
+            driver = str(slice_["spec"].get("driver") or "")
+            pool = records.slice_pool(slice_)
+            for device in slice_["spec"].get("devices") or []:
+                if any(t.get("key") != records.TAINT_KEY for t in device.get("taints") or []):
+                    found.add(DeviceRef(driver, pool, str(device.get("name") or "")))
+        for key in self.cache.pod_keys():
+            pod = self.cache.pod(*key)
+            if pod is not None:
+                found |= {entry.ref for entry in podhealth.pod_device_health(pod)}
+        watched = {rule.signal for p in self._policies() for rule in p.rules if rule.source == observations.SOURCE_NODE}
+        if watched:
+            for node_name in self.cache.node_names():
+                conditions = self.cache.node_conditions(node_name)
+                if any(c.get("type") in watched for c in conditions):
+                    found |= set(nodes.devices_of_node(node_name, self.cache.resource_slices()))
+        return found
+
+    def enqueue_for_slice(self, name: str, slice_: Body, *, deleted: bool = False) -> None:
+        """The slice's devices whose taints changed, and those with a signal record (a pool's completeness and
+        generation are read from all its slices)."""
+        now_taints = {} if deleted else _slice_taints(slice_)
+        before = self._slice_taints.pop(name, {})
+        if not deleted:
+            self._slice_taints[name] = now_taints
+        spec = slice_.get("spec") or {}
+        driver, pool = str(spec.get("driver") or ""), str((spec.get("pool") or {}).get("name") or "")
+        for device in sorted(set(now_taints) | set(before)):
+            if now_taints.get(device) != before.get(device):
+                self.queue.add(DeviceRef(driver, pool, device))
+        for device in (d.get("name") for d in spec.get("devices") or []):
+            ref = DeviceRef(driver, pool, str(device or ""))
+            if self.cache.record(signal_records.signal_record_name(ref)) is not None:
+                self.queue.add(ref)
+
+    def enqueue_for_pod(self, pod: Body, *, deleted: bool = False) -> None:
+        """The devices whose health entries in the pod changed (a deleted pod's: its entries are gone)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        entries = frozenset() if deleted else frozenset(podhealth.pod_device_health(pod))
+        before = self._pod_health.pop(uid, frozenset())
+        if entries:
+            self._pod_health[uid] = entries
+        for entry in entries ^ before:
+            self.queue.add(entry.ref)
+
+    def enqueue_for_node(self, name: str, conditions: list[Body], *, deleted: bool = False) -> None:
+        """The devices of the node when its conditions changed."""
+        before = self._node_conditions.pop(name, None)
+        if not deleted:
+            self._node_conditions[name] = conditions
+        if before == (None if deleted else conditions):
+            return
+        for ref in nodes.devices_of_node(name, self.cache.resource_slices()):
+            self.queue.add(ref)
+
+    # --- the webhook's sink ---------------------------------------------------------------------
+
+    async def observe(self, items: list[tuple[DeviceRef, Observation]]) -> None:
+        """Pushed observations: returns once they are written to their records (or found to match no rule);
+        raises when that did not happen within OBSERVE_TIMEOUT (the webhook answers 503, Alertmanager retries)."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for ref in sorted({ref for ref, _ in items}, key=str):
+            pending = self._pushed.setdefault(ref, _Pending([], []))
+            pending.observations.extend(o for r, o in items if r == ref)
+            future: asyncio.Future[None] = loop.create_future()
+            pending.waiters.append(future)
+            futures.append(future)
+            self.queue.add(ref)
+        if futures:
+            await asyncio.wait_for(asyncio.gather(*futures), OBSERVE_TIMEOUT)
+
+    # --- reconcile ------------------------------------------------------------------------------
+
+    async def reconcile(self, key: Hashable) -> None:
+        ref = cast(DeviceRef, key)
+        pending = self._pushed.get(ref)
+        pushed = list(pending.observations) if pending else []
+        waiters = list(pending.waiters) if pending else []
+        try:
+            await self._reconcile(ref, pushed)
+        except BaseException as exc:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+            raise
+        if pending is not None:
+            pending.observations = [o for o in pending.observations if o not in pushed]
+            pending.waiters = [w for w in pending.waiters if w not in waiters]
+            if not pending.observations and not pending.waiters:
+                self._pushed.pop(ref, None)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _reconcile(self, ref: DeviceRef, pushed: list[Observation]) -> None:
+        self._seed_fleet()
+        moment = now()
+        name = signal_records.signal_record_name(ref)
+        record = self.cache.record(name)
+        status = self._status_of(name, record)
+        written = signal_records.record_observations({"status": status}) if record is not None else []
+        remembered = self._unwritten.get(ref, [])
+        device_policy = self._route(ref)
+
+        collected = self._collect(ref, [*written, *remembered], moment) + pushed
+        new = [o for o in collected if not _present(o, [*written, *remembered])]
+        kept = [o for o in new if _kept(o, device_policy, written)]
+        if record is None:  # a record is made for an Unhealthy observation a rule matched, never for the rest
+            kept = kept if any(o.state == UNHEALTHY for o in kept) else []
+        dropped = [o for o in new if o not in kept]
+        for o in new:
+            metrics.SIGNAL_OBSERVATIONS.labels(o.source, o.state).inc()
+            if o.state == UNKNOWN:
+                metrics.SIGNAL_UNKNOWN.labels(ref.driver).inc()
+        for o in dropped:
+            metrics.SIGNAL_UNMATCHED.labels(o.source).inc()
+        if dropped:
+            self._unwritten[ref] = observations.merge(remembered, dropped)[0]
+
+        merged, added = observations.merge(written, kept)
+        if record is None and not added:
+            return  # nothing a rule of the device's policy watches: no record
+        history = signal_records.record_history({"status": status})
+        verified = await self._verified(record, history, moment)
+        self._fleet[ref] = [o for o in merged if o.state == UNHEALTHY]
+        decision = decide.decide(device_policy, merged, history, self._fleet_count, moment, verified_at=verified)
+        if record is None:
+            record = await self._create(ref, decision)
+            status = {}
+        await self._write(record, status, merged, decision, moment)
+        self._count(decision, record, status)
+        if decision.workload_fault and not (status.get("decision") or {}).get("workloadFault"):
+            await self._workload_fault(record, ref, decision)
+        if await self._delete_if_done(record, merged, decision, device_policy, bool(added), moment):
+            return
+        delay = _next_look(merged, decision, device_policy, moment)
+        if delay is not None:
+            self.queue.add_after(ref, delay)
+
+    def _status_of(self, name: str, record: Body | None) -> Body:
+        """The record's status, or what we last wrote while the watch has not brought it back."""
+        status = dict((record or {}).get("status") or {})
+        written = self._written.get(name)
+        if record is None:
+            self._written.pop(name, None)
+            return status
+        if written is not None:
+            if resource_version(record) < written[0]:
+                return {**status, **written[1]}
+            del self._written[name]
+        return status
+
+    def _collect(self, ref: DeviceRef, previous: Sequence[Observation], moment: datetime) -> list[Observation]:
+        """The level-based observations of the device now (the sources keep only what `previous` lacks)."""
+        found: list[Observation] = []
+        pool_slices = taints.complete_pools(self.cache.resource_slices_of_pool(ref.driver, ref.pool)).get(
+            (ref.driver, ref.pool))
+        device_taints: list[Mapping[str, Any]] | None = None
+        if pool_slices is not None:
+            device_taints = taints.device_taints(pool_slices).get(ref)
+        found += taints.taint_observations(ref, device_taints, previous, moment)
+        entries = [entry for pod in self._pods_holding(ref) for entry in podhealth.pod_device_health(pod)
+                   if entry.ref == ref]
+        found += podhealth.pod_health_observations(entries, previous, moment)
+        node_name = self._node_of(ref)
+        if node_name:
+            found += nodes.condition_observations(node_name, self.cache.node_conditions(node_name))
+        return found
+
+    def _pods_holding(self, ref: DeviceRef) -> list[Body]:
+        pods: dict[tuple[str, str], Body] = {}
+        for claim in self.cache.claims_holding((ref.driver, ref.pool, ref.device)):
+            namespace = claim["metadata"].get("namespace") or ""
+            for entry in (claim.get("status") or {}).get("reservedFor") or []:
+                if entry.get("resource") == "pods" and (pod := self.cache.pod(namespace, entry.get("name", ""))):
+                    pods[(namespace, pod["metadata"]["name"])] = pod
+        return [pods[k] for k in sorted(pods)]
+
+    def _node_of(self, ref: DeviceRef) -> str:
+        for slice_ in self.cache.resource_slices_of_pool(ref.driver, ref.pool):
+            if ref in nodes.devices_of_node(str(slice_["spec"].get("nodeName") or ""), [slice_]):
+                return str(slice_["spec"].get("nodeName") or "")
+            for device in slice_["spec"].get("devices") or []:
+                if device.get("name") == ref.device and device.get("nodeName"):
+                    return str(device["nodeName"])
+        return ""
+
+    def _device(self, ref: DeviceRef) -> Mapping[str, Any]:
+        for slice_ in self.cache.resource_slices_of_pool(ref.driver, ref.pool):
+            for device in slice_["spec"].get("devices") or []:
+                if device.get("name") == ref.device:
+                    return cast(Mapping[str, Any], device)
+        return {"name": ref.device}
+
+    # --- policies -------------------------------------------------------------------------------
+
+    def _policies(self) -> list[policy.Policy]:
+        parsed = []
+        for body in self.cache.health_policies():
+            found, errors = policy.parse_policy(body)
+            if found is not None:
+                parsed.append(found)
+            for error in errors:
+                self._report_later(body, error)
+        return parsed
+
+    def _route(self, ref: DeviceRef) -> policy.Policy | None:
+        bodies = self.cache.health_policies()
+        classes = self.cache.device_class_selectors()
+        key = (tuple(sorted((b["metadata"].get("name"), b["metadata"].get("resourceVersion")) for b in bodies)),
+               tuple(sorted((k, tuple(v)) for k, v in classes.items())))
+        if self._router is None or key != self._router_key:
+            self._router = policy.Router(self._policies(), classes)
+            self._router_key = key
+            for policy_name, why in sorted(self._router.errors.items()):
+                body = next((b for b in bodies if b["metadata"].get("name") == policy_name), None)
+                if body is not None:
+                    self._report_later(body, why)
+        return self._router.route(ref.driver, ref.pool, self._device(ref))
+
+    def _report_later(self, body: Body, message: str) -> None:
+        marker = (str(body["metadata"].get("uid") or body["metadata"].get("name")), message)
+        if marker in self._reported:
+            return
+        self._reported.add(marker)
+        log.warning("HealthPolicy %s: %s", body["metadata"].get("name"), message)
+        involved = {"apiVersion": POLICY_API, "kind": "HealthPolicy", "metadata": body["metadata"]}
+        task = asyncio.get_running_loop().create_task(self._event(involved, "Warning", INVALID_POLICY, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- the fleet view (workload faults) -------------------------------------------------------
+
+    def _seed_fleet(self) -> None:
+        """Once: the Unhealthy observations of every signal record in the cache (then kept by the reconciles)."""
+        if self._fleet_seeded:
+            return
+        self._fleet_seeded = True
+        for record in self.cache.records():
+            if signal_records.is_signal_record(record) and (ref := records.record_ref(record)) is not None:
+                self._fleet[ref] = [o for o in signal_records.record_observations(record) if o.state == UNHEALTHY]
+
+    def _fleet_count(self, source: str, signal: str, value: str, since: datetime) -> int:
+        return sum(1 for found in self._fleet.values()
+                   if any(o.source == source and o.signal == signal and o.value == value and o.at >= since
+                          for o in found))
+
+    def _fleet_devices(self, source: str, signal: str) -> list[DeviceRef]:
+        return sorted((ref for ref, found in self._fleet.items()
+                       if any(o.source == source and o.signal == signal for o in found)), key=str)
+
+    async def _event(self, involved: Body, event_type: str, reason: str, message: str) -> None:
+        try:
+            await self.kube.post_event(involved, event_type, reason, message)
+        except ApiError as exc:
+            log.warning("could not post event %s on %s: %s", reason, involved["metadata"].get("name"), exc)
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    async def _verified(self, record: Body | None, history: decide.History, moment: datetime) -> datetime | None:
+        """A person's verified clear not yet applied (after the history's boundary), or None; a bad one is
+        reported once as a Warning Event on the record and ignored."""
+        if record is None:
+            return None
+        at, problem = signal_records.verified_at(record)
+        if at is not None and at > moment:
+            problem = (f"annotation {signal_records.VERIFIED_ANNOTATION}={format_rfc3339(at)} is in the future; "
+                       "ignored")
+            at = None
+        if problem:
+            marker = (str(record["metadata"].get("uid")), problem)
+            if marker not in self._reported:
+                self._reported.add(marker)
+                await self._event(record, "Warning", INVALID_VERIFIED, problem)
+            return None
+        if at is None or (history.boundary is not None and at <= history.boundary):
+            return None
+        return at
+
+    async def _create(self, ref: DeviceRef, decision: decide.Decision) -> Body:
+        body = signal_records.record_body(ref, signal_records.desired_spec(decision))
+        try:
+            created = await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+        except ApiError as exc:
+            if exc.status == 409:  # made by an earlier reconcile the cache has not brought yet
+                raise Retry(f"record {body['metadata']['name']} exists but is not in the cache yet") from exc
+            raise
+        log.info("device %s: signal record %s created: %s", ref, body["metadata"]["name"], decision.why)
+        return created
+
+    async def _write(self, record: Body, status: Body, merged: Sequence[Observation], decision: decide.Decision,
+                     moment: datetime) -> None:
+        name = record["metadata"]["name"]
+        desired = signal_records.desired_status(merged, decision, status, format_rfc3339(moment))
+        if any(status.get(k) != v for k, v in desired.items()):
+            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+                                                                {"status": desired}, subresource="status")
+            self._written[name] = (resource_version(result), desired)
+        spec = signal_records.desired_spec(decision)
+        current = record.get("spec") or {}
+        if any(current.get(k) != v for k, v in spec.items()):
+            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"spec": spec})
+            log.info("signal record %s: effect %s (%s)", name, decision.effect, decision.why)
+
+    def _count(self, decision: decide.Decision, record: Body, status: Body) -> None:
+        before = status.get("decision") or {}
+        if (before.get("rule"), before.get("effect"), before.get("mode")) != (
+                decision.rule, decision.effect, decision.mode) and decision.rule is not None:
+            metrics.POLICY_DECISIONS.labels(decision.policy or "", decision.rule, decision.effect, decision.mode).inc()
+        before_recovery = signal_records.record_history({"status": status})
+        if decision.recovered and len(decision.history.clears) > len(before_recovery.clears):
+            source = next((r.source for p in self._policies() if p.name == decision.policy for r in p.rules
+                           if r.name == before_recovery.rule), "verified")
+            metrics.SIGNAL_RECOVERIES.labels(source).inc()
+        elif decision.recovered and decision.history.boundary != before_recovery.boundary:
+            metrics.SIGNAL_RECOVERIES.labels("verified").inc()
+        if decision.escalated and not before_recovery.escalated:
+            metrics.SIGNAL_ESCALATIONS.inc()
+
+    async def _workload_fault(self, record: Body, ref: DeviceRef, decision: decide.Decision) -> None:
+        metrics.WORKLOAD_FAULTS.labels(decision.policy or "", decision.rule or "").inc()
+        await self._event(record, "Warning", WORKLOAD_FAULT, decision.why)
+        log.warning("device %s: %s", ref, decision.why)
+        rule = next((r for p in self._policies() if p.name == decision.policy for r in p.rules
+                     if r.name == decision.rule), None)
+        if rule is not None:  # the other devices of the same signal are decided again
+            for other in self._fleet_devices(rule.source, rule.signal):
+                if other != ref:
+                    self.queue.add(other)
+
+    async def _delete_if_done(self, record: Body, merged: Sequence[Observation], decision: decide.Decision,
+                              device_policy: policy.Policy | None, added: bool, moment: datetime) -> bool:
+        """A recovered (or never marked) record with no observation for refaultWindow is deleted."""
+        history = decision.history
+        if added or decision.effect != "None" or history.marked_since is not None or history.escalated:
+            return False
+        window = (device_policy.recovery if device_policy else policy.Recovery()).refault_window
+        newest = max((o.at for o in merged), default=None)
+        if newest is not None and moment - newest < window:
+            return False
+        meta = record["metadata"]
+        try:
+            await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, meta["name"], uid=meta.get("uid"),
+                                                  resource_version=meta.get("resourceVersion"))
+        except ApiError as exc:
+            if exc.status == 404:
+                return True
+            if not exc.conflict:
+                raise
+            raise Retry(f"record {meta['name']} changed since it was read") from exc
+        ref = records.record_ref(record)
+        if ref is not None:
+            self._fleet.pop(ref, None)
+            self._unwritten.pop(ref, None)
+        log.info("signal record %s deleted: no observation for %s", meta["name"], records.format_duration(window))
+        return True
+
+
+def _slice_taints(slice_: Body) -> dict[str, list[Body]]:
+    return {str(d.get("name") or ""): list(d.get("taints") or [])
+            for d in (slice_.get("spec") or {}).get("devices") or [] if d.get("taints")}
+
+
+def _present(o: Observation, among: Iterable[Observation]) -> bool:
+    return any(o.key == other.key and o.state == other.state for other in among)
+
+
+def _kept(o: Observation, device_policy: policy.Policy | None, written: Sequence[Observation]) -> bool:
+    """Written to the record: a rule of the device's policy matches it, or it is the healthy side of a signal a
+    rule watches (a taint removed, Healthy after Unhealthy: recovery is decided on them)."""
+    if device_policy is None:
+        return False
+    if any(rule.matches(o) for rule in device_policy.rules):
+        return True
+    return o.state == HEALTHY and any(rule.source == o.source and rule.signal == o.signal
+                                      for rule in device_policy.rules)
+
+
+def _next_look(merged: Sequence[Observation], decision: decide.Decision, device_policy: policy.Policy | None,
+               moment: datetime) -> float | None:
+    """Seconds until time alone may change the decision: a PodStatus hold running out, the record's deletion."""
+    recovery = device_policy.recovery if device_policy else policy.Recovery()
+    waits: list[timedelta] = []
+    if decision.history.marked_since is not None and any(o.source == observations.SOURCE_POD for o in merged):
+        waits.append(recovery.healthy_hold / 2)
+    newest = max((o.at for o in merged), default=None)
+    if newest is not None and decision.effect == "None" and not decision.history.escalated:
+        waits.append(newest + recovery.refault_window - moment)
+    if not waits:
+        return None
+    return min(max(min(waits).total_seconds(), REQUEUE_MIN), REQUEUE_MAX)
+
+
+def allocated_refs(claim: Body) -> list[DeviceRef]:
+    """The devices a claim's allocation names, as DeviceRefs (claim events -> the devices' pods' health)."""
+    return [DeviceRef(*device) for device in allocated_devices(claim)]
