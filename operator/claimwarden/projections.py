@@ -168,7 +168,8 @@ def resource_slice(body: Mapping[str, Any]) -> Body:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": _with(_meta(body), "annotations", marks),
             "spec": {"driver": spec.get("driver"), "nodeName": spec.get("nodeName"),
-                     "pool": {"name": pool.get("name"), "generation": pool.get("generation")},
+                     "pool": {"name": pool.get("name"), "generation": pool.get("generation"),
+                              "resourceSliceCount": pool.get("resourceSliceCount")},
                      **({"perDeviceNodeSelection": True} if spec.get("perDeviceNodeSelection") else {}),
                      "devices": [_slice_device(d) for d in spec.get("devices") or []]}}
 
