@@ -111,6 +111,13 @@ SIGNAL_RECOVERIES = Counter("claimwarden_signal_recoveries_total", "Signal marks
                             ["source"], registry=REGISTRY)
 SIGNAL_ESCALATIONS = Counter("claimwarden_signal_escalations_total", "Signal marks escalated by a re-fault within "
                              "the policy's refaultWindow; only a verified clear recovers them.", registry=REGISTRY)
+WEBHOOK_REQUESTS = Counter("claimwarden_webhook_requests_total", "Calls to the Alertmanager webhook, by the HTTP "
+                           "status answered (200, 400 malformed, 401 unauthenticated, 413 too large, 429 over the "
+                           "rate, 503 standby or not written).", ["code"], registry=REGISTRY)
+WEBHOOK_ALERTS = Counter("claimwarden_webhook_alerts_total", "Alerts the webhook received, by result (observed: "
+                         "handed to its device's record; duplicate: seen within the hour; resolved: ignored, "
+                         "resolving is not recovery; unresolved_device: no device found from its labels; "
+                         "rate_limited: refused with 429).", ["result"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
 
