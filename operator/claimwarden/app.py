@@ -58,6 +58,7 @@ from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
 from .runtime import Runtime, lost_lease
 from .signals.controller import SignalsController
+from .signals.webhook import WebhookSettings
 from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
@@ -101,6 +102,7 @@ class RunSettings:
     metrics_cache_seconds: float  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
+    webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
@@ -512,8 +514,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 async def _start_webhook(run_settings: RunSettings, runtime: Runtime, signals: SignalsController,
                          memo: kopf.Memo) -> None:
     """Alertmanager's receiver, when its settings enable it (a token file or a client CA); a standby answers 503."""
-    settings = getattr(run_settings, "webhook", None)
-    if settings is None or not getattr(settings, "port", 0):
+    settings = run_settings.webhook
+    if settings is None or not settings.enabled:
         return
     from .signals import alerts, webhook
 
