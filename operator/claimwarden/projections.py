@@ -174,7 +174,7 @@ def resource_slice(body: Mapping[str, Any]) -> Body:
                      "devices": [_slice_device(d) for d in spec.get("devices") or []]}}
 
 
-SLICE_DEVICE_KEPT = ("name", "attributes", "capacity", "taints", "nodeName")
+SLICE_DEVICE_KEPT = ("name", "attributes", "capacity", "taints", "nodeName", "allowMultipleAllocations")
 """Of a slice's device: the taints (a driver's health signal), the attributes and capacity (a HealthPolicy's
 selector and DeviceClass route on them, an alert's UUID resolves through them) and per-device nodeName."""
 

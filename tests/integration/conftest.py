@@ -250,3 +250,15 @@ def signals_api(signals_lab: cluster.LabState) -> Iterator[client.ApiClient]:
     api_client = config.new_client_from_config(config_file=str(signals_lab.kubeconfig))
     yield api_client
     api_client.close()
+
+
+@pytest.fixture
+def signals_namespace(signals_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the signals lab with the claim template single-gpu; deleted (and waited for) afterwards."""
+    from .helpers import template
+
+    name = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    client.CoreV1Api(signals_api).create_namespace(body={"metadata": {"name": name}})
+    client.ResourceV1Api(signals_api).create_namespaced_resource_claim_template(name, body=template("single-gpu"))
+    yield name
+    delete_namespace(signals_api, name)

@@ -11,7 +11,8 @@ from kubernetes.client.exceptions import ApiException
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals.records import signal_record_name
 
-from .health_helpers import GROUP, PLURAL, VERSION, slice_of
+from .health_helpers import GROUP, PLURAL, VERSION, device_of, slice_of
+from .helpers import pod_with_claims, wait_for
 
 DRIVER = "gpu.example.com"
 POLICIES = "healthpolicies"
@@ -108,3 +109,12 @@ def counter_sum(text: str, name: str, *labels: str) -> float:
         if line.startswith(name + "{") and all(label in line for label in labels):
             total += float(line.split()[-1])
     return total
+
+
+def run_pod(api: client.ApiClient, namespace: str, pod: str) -> tuple[str, str]:
+    """A pod with one GPU from the namespace's template single-gpu, running; returns its (pool, device)."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(namespace, body=pod_with_claims(
+        pod, [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]))
+    wait_for(f"{pod} Running", lambda: core.read_namespaced_pod(pod, namespace).status.phase == "Running")
+    return device_of(api, namespace, pod)

@@ -18,20 +18,20 @@ from .signals_helpers import (
     delete_policy,
     delete_signal_record,
     rule,
+    run_pod,
     set_pod_health,
     signal_record,
 )
-from .test_signals_taints import _run, taint_namespace  # noqa: F401 (a fixture)
 
 POLICY = "pod-health"
 SIGNAL = "allocatedResourcesStatus"
 
 
 def test_unhealthy_evicts_and_unknown_is_only_counted(
-        signals_api: client.ApiClient, signals_operator: Operator, taint_namespace: str) -> None:
-    api, namespace = signals_api, taint_namespace
-    pool, device = _run(api, namespace, "lost")
-    other_pool, other = _run(api, namespace, "sick")
+        signals_api: client.ApiClient, signals_operator: Operator, signals_namespace: str) -> None:
+    api, namespace = signals_api, signals_namespace
+    pool, device = run_pod(api, namespace, "lost")
+    other_pool, other = run_pod(api, namespace, "sick")
     apply_policy(api, POLICY, [rule("kubelet-unhealthy", "PodStatus", SIGNAL, values=["Unhealthy"],
                                     effect="NoExecute")])
     try:
@@ -55,9 +55,9 @@ def test_unhealthy_evicts_and_unknown_is_only_counted(
 
 
 def test_healthy_for_the_hold_recovers(
-        signals_api: client.ApiClient, signals_operator: Operator, taint_namespace: str) -> None:
-    api, namespace = signals_api, taint_namespace
-    pool, device = _run(api, namespace, "flaky")
+        signals_api: client.ApiClient, signals_operator: Operator, signals_namespace: str) -> None:
+    api, namespace = signals_api, signals_namespace
+    pool, device = run_pod(api, namespace, "flaky")
     # NoSchedule: the pod stays, so that it can report Healthy again.
     apply_policy(api, POLICY, [rule("kubelet-unhealthy", "PodStatus", SIGNAL, effect="NoSchedule")],
                  recovery={"healthyHold": "4s", "refaultWindow": "1h", "escalateTo": "NoExecute"})
@@ -70,7 +70,8 @@ def test_healthy_for_the_hold_recovers(
         recovered = wait_for("recovered after the hold", lambda: (
             r if (r := signal_record(api, pool, device)) and r["spec"]["effect"] == "None" else None), 60)
         assert time.monotonic() - healthy_at >= 4, "not before the hold"
-        assert decision(recovered).get("recovered") is True, recovered["status"]
+        history = recovered["status"]["recovery"]
+        assert history["clears"] and "markedSince" not in history, recovered["status"]
         states = [o["state"] for o in recovered["status"]["observations"]]
         assert states[-2:] == ["Unhealthy", "Healthy"], states
         assert client.CoreV1Api(api).read_namespaced_pod("flaky", namespace).status.phase == "Running"

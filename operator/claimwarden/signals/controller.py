@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -200,20 +200,27 @@ class SignalsController:
         remembered = self._unwritten.get(ref, [])
         device_policy = self._route(ref)
 
-        collected = self._collect(ref, [*written, *remembered], moment) + pushed
-        new = [o for o in collected if not _present(o, [*written, *remembered])]
-        kept = [o for o in new if _kept(o, device_policy, written)]
+        collected = self._collect(ref, device_policy, [*written, *remembered], moment) + pushed
+        fresh = _unique(o for o in collected if not _present(o, [*written, *remembered]))
+        # What was remembered unwritten is looked at again: a policy may have come since that matches it.
+        candidates = _unique(o for o in [*remembered, *fresh] if not _present(o, written))
+        kept = [o for o in candidates if _kept(o, device_policy)]
         if record is None:  # a record is made for an Unhealthy observation a rule matched, never for the rest
             kept = kept if any(o.state == UNHEALTHY for o in kept) else []
-        dropped = [o for o in new if o not in kept]
-        for o in new:
+        dropped = [o for o in candidates if o not in kept]
+        for o in fresh:
+            log.log(logging.INFO if o in kept else logging.DEBUG, "device %s: observed %s %s=%s %s at %s (%s)", ref,
+                    o.source, o.signal, o.value, o.state, format_rfc3339(o.at),
+                    "written" if o in kept else "not written: no rule of the device's policy matches it")
             metrics.SIGNAL_OBSERVATIONS.labels(o.source, o.state).inc()
             if o.state == UNKNOWN:
                 metrics.SIGNAL_UNKNOWN.labels(ref.driver).inc()
-        for o in dropped:
-            metrics.SIGNAL_UNMATCHED.labels(o.source).inc()
+            if o not in kept:
+                metrics.SIGNAL_UNMATCHED.labels(o.source).inc()
         if dropped:
-            self._unwritten[ref] = observations.merge(remembered, dropped)[0]
+            self._unwritten[ref] = observations.merge([], dropped)[0]
+        else:
+            self._unwritten.pop(ref, None)
 
         merged, added = observations.merge(written, kept)
         if record is None and not added:
@@ -248,7 +255,8 @@ class SignalsController:
             del self._written[name]
         return status
 
-    def _collect(self, ref: DeviceRef, previous: Sequence[Observation], moment: datetime) -> list[Observation]:
+    def _collect(self, ref: DeviceRef, device_policy: policy.Policy | None, previous: Sequence[Observation],
+                 moment: datetime) -> list[Observation]:
         """The level-based observations of the device now (the sources keep only what `previous` lacks)."""
         found: list[Observation] = []
         pool_slices = taints.complete_pools(self.cache.resource_slices_of_pool(ref.driver, ref.pool)).get(
@@ -260,8 +268,9 @@ class SignalsController:
         entries = [entry for pod in self._pods_holding(ref) for entry in podhealth.pod_device_health(pod)
                    if entry.ref == ref]
         found += podhealth.pod_health_observations(entries, previous, moment)
-        node_name = self._node_of(ref)
-        if node_name:
+        node_name = self._node_of(ref) if device_policy is not None and any(
+            rule.source == observations.SOURCE_NODE for rule in device_policy.rules) else ""
+        if node_name:  # only for a policy that watches them: every node has a handful of conditions
             found += nodes.condition_observations(node_name, self.cache.node_conditions(node_name))
         return found
 
@@ -389,10 +398,10 @@ class SignalsController:
     async def _write(self, record: Body, status: Body, merged: Sequence[Observation], decision: decide.Decision,
                      moment: datetime) -> None:
         name = record["metadata"]["name"]
-        desired = signal_records.desired_status(merged, decision, status, format_rfc3339(moment))
+        desired = signal_records.desired_status(merged, decision, status, moment)
         if any(status.get(k) != v for k, v in desired.items()):
-            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
-                                                                {"status": desired}, subresource="status")
+            result = await self.kube.merge_patch_cluster_object(
+                RECORDS_API, records.PLURAL, name, {"status": _patch(status, desired)}, subresource="status")
             self._written[name] = (resource_version(result), desired)
         spec = signal_records.desired_spec(decision)
         current = record.get("spec") or {}
@@ -459,11 +468,34 @@ def _slice_taints(slice_: Body) -> dict[str, list[Body]]:
             for d in (slice_.get("spec") or {}).get("devices") or [] if d.get("taints")}
 
 
+def _patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch from `current` to `desired`: a merge patch merges nested objects, so a field that the desired
+    status.recovery or status.decision lacks (markedSince once a mark recovered) is removed with an explicit null."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        before = current.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            value = {**{k: None for k in before if k not in value}, **value}
+        patch[key] = value
+    return patch
+
+
+def _unique(found: Iterable[Observation]) -> list[Observation]:
+    """Each (key, state) once, the first kept."""
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for o in found:
+        if (o.key, o.state) not in seen:
+            seen.add((o.key, o.state))
+            unique.append(o)
+    return unique
+
+
 def _present(o: Observation, among: Iterable[Observation]) -> bool:
     return any(o.key == other.key and o.state == other.state for other in among)
 
 
-def _kept(o: Observation, device_policy: policy.Policy | None, written: Sequence[Observation]) -> bool:
+def _kept(o: Observation, device_policy: policy.Policy | None) -> bool:
     """Written to the record: a rule of the device's policy matches it, or it is the healthy side of a signal a
     rule watches (a taint removed, Healthy after Unhealthy: recovery is decided on them)."""
     if device_policy is None:
@@ -479,8 +511,8 @@ def _next_look(merged: Sequence[Observation], decision: decide.Decision, device_
     """Seconds until time alone may change the decision: a PodStatus hold running out, the record's deletion."""
     recovery = device_policy.recovery if device_policy else policy.Recovery()
     waits: list[timedelta] = []
-    if decision.history.marked_since is not None and any(o.source == observations.SOURCE_POD for o in merged):
-        waits.append(recovery.healthy_hold / 2)
+    if decision.recheck_at is not None:
+        waits.append(decision.recheck_at - moment)
     newest = max((o.at for o in merged), default=None)
     if newest is not None and decision.effect == "None" and not decision.history.escalated:
         waits.append(newest + recovery.refault_window - moment)

@@ -64,12 +64,12 @@ def record_history(record: Mapping[str, Any] | None) -> decide.History:
 
 
 def desired_status(merged: Sequence[Observation], decision: decide.Decision, previous: Mapping[str, Any],
-                   moment: str) -> dict[str, Any]:
+                   moment: datetime) -> dict[str, Any]:
     """status.observations, status.decision and status.recovery; decision.at moves only when the decision does."""
-    shown = {**decide.decision_to_json(decision)}
-    shown.pop("at", None)
-    before = {k: v for k, v in (previous.get("decision") or {}).items() if k != "at"}
-    shown["at"] = (previous.get("decision") or {}).get("at") or moment if before == shown else moment
+    stored = previous.get("decision") or {}
+    shown = decide.decision_to_json(decision, parse_rfc3339(stored.get("at")) or moment)
+    if {k: v for k, v in shown.items() if k != "at"} != {k: v for k, v in stored.items() if k != "at"}:
+        shown = decide.decision_to_json(decision, moment)
     return {"observations": [_without_nulls(observations.to_json(o)) for o in merged],
             "decision": _without_nulls(shown), "recovery": _without_nulls(decide.history_to_json(decision.history))}
 
