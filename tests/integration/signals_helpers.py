@@ -82,10 +82,11 @@ def set_taints(api: client.ApiClient, node: str, device: str, taints: list[dict[
 
 
 def set_pod_health(api: client.ApiClient, namespace: str, pod: str, pool: str, device: str, health: str,
-                   *, claim: str = "gpu", request: str = "gpu", container: str = "ctr0") -> None:
-    """KEP-4680 health of the pod's device, written through pods/status as the kubelet would."""
+                   *, claim: str = "gpu", request: str | None = None, container: str = "ctr0") -> None:
+    """KEP-4680 health of the pod's device, written through pods/status as the kubelet would (the name is
+    claim:<pod claim>[/<request>], as the container's resources.claims entry names it)."""
     body = {"status": {"containerStatuses": [{"name": container, "allocatedResourcesStatus": [{
-        "name": f"claim:{claim}/{request}",
+        "name": f"claim:{claim}" + (f"/{request}" if request else ""),
         "resources": [{"resourceID": f"{DRIVER}/{pool}/{device}", "health": health}]}]}]}}
     client.CoreV1Api(api).patch_namespaced_pod_status(pod, namespace, body, _preload_content=False)
 
