@@ -14,10 +14,11 @@ after the first). Any window since the floor counts, not only the one ending now
 that was already there when claimwarden started, or a burst seen only after a restart, still
 fires. Once fired, a rule holds its mark until the mark recovers, however old the burst gets.
 
-**Several rules.** The strongest effect wins (NoExecute > NoSchedule > None), Enforce before Shadow,
-then the rule's order in the policy. A Shadow rule decides effect None and records in ``would``
-what it would have done; its mark goes through the same recovery and escalation, so a rule's
-shadow history shows what enforcing it would have done. A rule with effect None observes only:
+**Several rules.** Enforce before Shadow (a Shadow rule being tried never weakens what an enforced
+rule does; the decision's ``why`` names a stronger Shadow rule), then the strongest effect
+(NoExecute > NoSchedule > None), then the rule's order in the policy. A Shadow rule decides effect
+None and records in ``would`` what it would have done; its mark goes through the same recovery and
+escalation, so a rule's shadow history shows what enforcing it would have done. A rule with effect None observes only:
 it never marks.
 
 **Workload faults.** A rule with ``workloadFault`` asks the fleet how many different devices saw
@@ -201,7 +202,16 @@ def _workload(fire: _Fire, fleet: Fleet) -> _Fire:
 
 
 def _strongest(fires: Iterable[_Fire]) -> _Fire | None:
-    return min(fires, key=lambda f: (-STRENGTH[f.rule.effect], f.rule.mode != MODE_ENFORCE, f.index), default=None)
+    """The deciding fire: Enforce first (a Shadow rule never weakens what an enforced one does), then the
+    strongest effect, then the rule's order."""
+    return min(fires, key=lambda f: (f.rule.mode != MODE_ENFORCE, -STRENGTH[f.rule.effect], f.index), default=None)
+
+
+def _shadow_note(fires: Iterable[_Fire], best: _Fire) -> str:
+    """The strongest Shadow rule that asks for more than the deciding rule does, in words ("" for none)."""
+    stronger = _strongest(f for f in fires if f.rule.mode != MODE_ENFORCE
+                          and STRENGTH[f.rule.effect] > STRENGTH[best.rule.effect])
+    return f"; Shadow rule {stronger.rule.name} would {stronger.rule.effect}" if stronger is not None else ""
 
 
 def _stronger(a: str, b: str) -> str:
@@ -297,7 +307,8 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
             effect = _stronger(best.rule.effect, policy.recovery.escalate_to) if history.escalated else best.rule.effect
             tail = (f"escalated after a re-fault, only a verified clear ends it: {mode_words(best, effect)}"
                     if history.escalated else mode_words(best, effect))
-            return decision(best, history, f"{_describe(best)}; {tail}", escalated=history.escalated)
+            return decision(best, history, f"{_describe(best)}; {tail}{_shadow_note(holding, best)}",
+                            escalated=history.escalated)
         done = [f for f in marking if f.recovered_at is not None]
         if not done:
             workload = _strongest(f for f in fires if f.workload_devices)
@@ -335,7 +346,8 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         return _recover(marking, history, decision, unseen=True)
     best = _strongest(holding) or best
     history = replace(history, marked_since=now, rule=best.rule.name)
-    return decision(best, history, f"{_describe(best)}; {mode_words(best, best.rule.effect)}")
+    return decision(best, history,
+                    f"{_describe(best)}; {mode_words(best, best.rule.effect)}{_shadow_note(holding, best)}")
 
 
 def _workload_words(fire: _Fire) -> str:
