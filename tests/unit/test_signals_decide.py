@@ -337,6 +337,22 @@ def test_a_fault_that_fired_and_recovered_between_two_decisions_counts_as_a_reco
     assert run(p, seen, minutes(5), decision.history).escalated
 
 
+def test_a_recovery_under_a_lasting_shadow_mark_still_counts_for_escalation() -> None:
+    """An enforced taint rule beside a Shadow alert rule (the alert never recovers by itself): each time the
+    taint recovers it is a clear, so the device flapping under the standing alert escalates."""
+    p = policy(rule("xid", effect="NoSchedule"), rule("alerts", obs.SOURCE_ALERT, "GPUXidError", mode="Shadow"))
+    seen = [taint(T0), alert(T0)]
+    marked = run(p, seen, T0)
+    assert (marked.effect, marked.rule) == ("NoSchedule", "xid")
+    seen.append(removed(minutes(5)))
+    handed = run(p, seen, minutes(5), marked.history)
+    assert (handed.effect, handed.would, handed.rule, handed.recovered) == ("None", "NoExecute", "alerts", True)
+    assert handed.history.clears == (minutes(5),)
+    seen.append(taint(minutes(10), "48"))
+    again = run(p, seen, minutes(10), handed.history)
+    assert (again.effect, again.rule, again.escalated) == ("NoExecute", "xid", True)
+
+
 def test_a_mark_holds_when_its_observations_fell_off_the_record() -> None:
     p = policy(rule("alerts", obs.SOURCE_ALERT, "GPUXidError"),
                rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"))
