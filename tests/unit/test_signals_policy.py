@@ -235,9 +235,15 @@ def test_malformed_observations_are_none(broken: Any) -> None:
     assert obs.from_json(broken) is None
 
 
-def test_a_long_message_is_cut() -> None:
-    o = Observation(obs.SOURCE_ALERT, "GPUXidError", "79", obs.UNHEALTHY, T0, "f@t", "x" * 1000)
-    assert len(obs.to_json(o)["message"]) == obs.MESSAGE_MAX
+def test_long_fields_are_cut_to_the_crd_and_still_dedup() -> None:
+    o = Observation(obs.SOURCE_ALERT, "A" * 600, "v" * 600, obs.UNHEALTHY, T0, "f" * 2000, "x" * 1000)
+    body = obs.to_json(o)
+    assert [len(body[name]) for name in ("signal", "value", "key", "message")] == [
+        obs.SIGNAL_MAX, obs.VALUE_MAX, obs.KEY_MAX, obs.MESSAGE_MAX]
+    merged, added = obs.merge([], [o])
+    assert added == merged == [obs.from_json(body)]
+    # read back from the record and seen again: nothing new, no write
+    assert obs.merge([obs.from_json(body)], [o])[1] == []
 
 
 def test_merge_dedups_by_key_and_state_and_keeps_the_newest() -> None:
