@@ -427,6 +427,7 @@ def test_decision_json() -> None:
         "policy": "p", "rule": "xid", "mode": "Shadow", "effect": "None", "would": "NoExecute",
         "why": decision.why, "at": "2026-12-01T12:00:00Z", "escalated": False, "workloadFault": False}
     assert "rule" not in decision_to_json(run(None, [], T0), T0)
+    assert "at" not in decision_to_json(decision)
 
 
 def test_why_is_bounded() -> None:

@@ -112,12 +112,14 @@ def history_from_json(body: object) -> History:
                    rule=rule if isinstance(rule, str) and rule and marked_since is not None else None)
 
 
-def decision_to_json(decision: Decision, at: datetime) -> dict[str, Any]:
-    """status.decision. `at` is when this decision was first made: keep the stored one while the rest
-    is unchanged, so that deciding again writes nothing."""
+def decision_to_json(decision: Decision, at: datetime | None = None) -> dict[str, Any]:
+    """status.decision. `at`: when this decision was first made (keep the stored one while the rest is
+    unchanged, so that deciding again writes nothing); left out when None."""
     body: dict[str, Any] = {"mode": decision.mode, "effect": decision.effect, "would": decision.would,
-                            "why": decision.why, "at": format_at(at), "escalated": decision.escalated,
+                            "why": decision.why, "escalated": decision.escalated,
                             "workloadFault": decision.workload_fault}
+    if at is not None:
+        body["at"] = format_at(at)
     if decision.policy is not None:
         body["policy"] = decision.policy
     if decision.rule is not None:

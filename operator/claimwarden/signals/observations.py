@@ -26,8 +26,8 @@ UNHEALTHY, HEALTHY, UNKNOWN = "Unhealthy", "Healthy", "Unknown"
 STATES = (UNHEALTHY, HEALTHY, UNKNOWN)
 OBSERVATIONS_MAX = 32
 """Observations kept per record (the newest); the CRD's maxItems."""
-MESSAGE_MAX = 256
-SIGNAL_MAX = VALUE_MAX = 512
+MESSAGE_MAX = VALUE_MAX = 256
+SIGNAL_MAX = 316
 KEY_MAX = 1024
 """The CRD's maxLengths: a longer field is cut when stored (`stored`), so that the status write is valid."""
 

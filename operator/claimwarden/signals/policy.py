@@ -22,7 +22,7 @@ from typing import Any
 
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
-from claimwarden.signals.observations import SOURCE_POD, SOURCES, Observation
+from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_POD, SOURCES, Observation
 
 GROUP = "claimwarden.io"
 VERSION = "v1alpha1"
@@ -175,6 +175,8 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
     if not isinstance(signal, str) or not signal:
         errors.add(f"{where}.signal", "is required (a taint key, alert name, condition type, or "
                                       f"{POD_SIGNAL} for PodStatus)")
+    elif len(signal) > SIGNAL_MAX:
+        errors.add(f"{where}.signal", f"is longer than {SIGNAL_MAX} characters")
     values = _strings(body.get("values"), f"{where}.values", errors, limit=VALUES_MAX)
     effect = body.get("effect")
     if effect not in EFFECTS:
