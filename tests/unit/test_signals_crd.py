@@ -42,7 +42,14 @@ def test_names_group_scope(crd: dict[str, Any]) -> None:
     assert crd["spec"]["names"]["kind"] == hp.KIND
     [version] = crd["spec"]["versions"]
     assert (version["name"], version["served"], version["storage"]) == (hp.VERSION, True, True)
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:2] == ["Priority", "Rules"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert list(columns)[:4] == ["Priority", "Rules", "Enforced", "Accepted"]
+    # the columns show what policy_status writes
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    written = hp.policy_status(None, ["x"])
+    assert {columns["Rules"], columns["Enforced"]} == {f".status.{name}" for name in ("rules", "enforced")}
+    assert {"rules", "enforced"} <= set(status) and set(written) == {"rules", "enforced", "accepted"}
+    assert written["accepted"]["type"] in columns["Accepted"]
     assert (ROOT / "crds" / "kustomization.yaml").read_text().count("healthpolicies.claimwarden.io.yaml") == 1
 
 

@@ -9,7 +9,16 @@ import pytest
 
 from claimwarden.signals import observations as obs
 from claimwarden.signals.observations import Observation
-from claimwarden.signals.policy import Policy, Router, Rule, Threshold, WorkloadFault, parse_duration, parse_policy
+from claimwarden.signals.policy import (
+    Policy,
+    Router,
+    Rule,
+    Threshold,
+    WorkloadFault,
+    parse_duration,
+    parse_policy,
+    policy_status,
+)
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -125,6 +134,21 @@ def test_every_error_is_reported_at_once() -> None:
 
 def test_a_policy_that_is_not_an_object_is_an_error() -> None:
     assert parse_policy({"metadata": {"name": "p"}, "spec": "rules"}) == (None, ["spec: must be an object"])
+
+
+def test_policy_status() -> None:
+    policy, errors = parse_policy(body(rules=[
+        {"name": "a", "source": "DriverTaint", "signal": "x", "effect": "NoExecute", "mode": "Enforce"},
+        {"name": "b", "source": "PodStatus", "effect": "NoSchedule"}]))
+    status = policy_status(policy, errors)
+    assert (status["rules"], status["enforced"]) == (2, 1)
+    assert status["accepted"] == {"type": "Accepted", "status": "True", "reason": "Accepted",
+                                  "message": "2 rules, 1 enforced"}
+    assert policy_status(policy, [], "spec.selector: compile error: x")["accepted"]["reason"] == "NotRoutable"
+    bad, errors = parse_policy(body(rules=[]))
+    assert policy_status(bad, errors) == {"rules": 0, "enforced": 0, "accepted": {
+        "type": "Accepted", "status": "False", "reason": "Invalid",
+        "message": "spec.rules: must list at least one rule"}}
 
 
 # --- rules ---------------------------------------------------------------------------------------

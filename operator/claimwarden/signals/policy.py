@@ -259,6 +259,24 @@ def parse_policy(body: Mapping[str, Any]) -> tuple[Policy | None, list[str]]:
                   device_class=device_class, selector=selector, rules=tuple(rules), recovery=recovery), []
 
 
+def policy_status(policy: Policy | None, errors: Sequence[str], route_error: str | None = None) -> dict[str, Any]:
+    """What a HealthPolicy's status says (the printer columns Rules, Enforced, Accepted): the rule counts and
+    the Accepted condition's status, reason and message (lastTransitionTime is the writer's to keep).
+
+    `errors`: parse_policy's; `route_error`: Router.errors for the policy (CEL, a missing DeviceClass).
+    """
+    rules = policy.rules if policy is not None else ()
+    if errors or policy is None:
+        accepted = {"status": "False", "reason": "Invalid", "message": "; ".join(errors)[:32768] or "not parsed"}
+    elif route_error:
+        accepted = {"status": "False", "reason": "NotRoutable", "message": route_error[:32768]}
+    else:
+        accepted = {"status": "True", "reason": "Accepted",
+                    "message": f"{len(rules)} rules, {sum(r.mode == MODE_ENFORCE for r in rules)} enforced"}
+    return {"rules": len(rules), "enforced": sum(r.mode == MODE_ENFORCE for r in rules),
+            "accepted": {"type": "Accepted", **accepted}}
+
+
 # --- routing ------------------------------------------------------------------------------------
 
 def _pool_matches(pattern: str, pool: str) -> bool:
