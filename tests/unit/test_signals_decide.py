@@ -492,7 +492,7 @@ def _round_trip(state: dict[DeviceRef, DeviceState]) -> dict[DeviceRef, DeviceSt
 def test_replay_is_deterministic_across_runs_and_restarts() -> None:
     events = trace()
     first = replay(events, ROUTER)
-    assert first == replay(events, ROUTER)
+    assert first == replay(events, ROUTER.policies)
     effects = {d.effect for _, _, d in first}
     assert {"NoExecute", "NoSchedule", "None"} <= effects, effects
     assert any(d.recovered for _, _, d in first) and any(d.escalated for _, _, d in first)

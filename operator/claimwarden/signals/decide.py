@@ -402,14 +402,16 @@ def fleet_of(state: Mapping[DeviceRef, DeviceState]) -> Fleet:
     return fleet
 
 
-def replay(trace: Iterable[TraceEvent], router: Router, *,
+def replay(trace: Iterable[TraceEvent], policies: Router | Iterable[Policy], *,
            devices: Mapping[DeviceRef, Mapping[str, Any]] | None = None,
            state: dict[DeviceRef, DeviceState] | None = None) -> list[tuple[datetime, DeviceRef, Decision]]:
     """Decide after every event of a trace, as the controller would; pure.
 
-    `devices`: the slice entries routing sees (a bare {"name": device} when absent). `state`: carried
-    from an earlier replay (it is updated in place), e.g. through JSON to simulate a restart.
+    `policies`: a Router, or policies to route with (no DeviceClasses). `devices`: the slice entries
+    routing sees (a bare {"name": device} when absent). `state`: carried from an earlier replay (it is
+    updated in place), e.g. through JSON to simulate a restart.
     """
+    router = policies if isinstance(policies, Router) else Router(policies, {})
     state = {} if state is None else state
     fleet = fleet_of(state)
     decisions: list[tuple[datetime, DeviceRef, Decision]] = []
