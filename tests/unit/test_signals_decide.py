@@ -400,6 +400,30 @@ def test_flapping_every_five_minutes_for_an_hour_is_released_once_then_held() ->
     assert history.escalated and history.clears == (minutes(2.5),)
 
 
+def test_pod_health_flapping_every_five_minutes_is_released_at_most_once() -> None:
+    """The same target through KEP-4680 pod health: with a short hold it recovers once, then escalates;
+    with the default 5-minute hold the device never stays Healthy long enough to be released."""
+    for hold, releases in ((1, 1), (5, 0)):
+        p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",),
+                        effect="NoSchedule"), hold=hold)
+        events = [pod(minutes(step * 5 + offset), health) for step in range(12)
+                  for offset, health in ((0.0, obs.UNHEALTHY), (2.5, obs.HEALTHY))]
+        history = History()
+        recoveries = 0
+        for number, event in enumerate(events):
+            decision = run(p, events[:number + 1], event.at, history)
+            history = decision.history
+            recoveries += decision.recovered
+            following = events[number + 1].at if number + 1 < len(events) else minutes(60)  # the hour ends
+            if decision.recheck_at is not None and decision.recheck_at < following:
+                # the controller looks again when the hold ends, if nothing came before
+                decision = run(p, events[:number + 1], decision.recheck_at, history)
+                history = decision.history
+                recoveries += decision.recovered
+        assert recoveries == releases, hold
+        assert decision.effect == ("NoExecute" if releases else "NoSchedule")
+
+
 # --- JSON ----------------------------------------------------------------------------------------
 
 def test_history_json_round_trips() -> None:
