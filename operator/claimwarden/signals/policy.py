@@ -73,6 +73,8 @@ class WorkloadFault:
 
 @dataclass(frozen=True)
 class Rule:
+    """spec.rules[]: which observations count (source, signal, values), when they fire, and the effect."""
+
     name: str
     source: str
     signal: str
@@ -90,6 +92,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Recovery:
+    """spec.recovery: the PodStatus hold, the re-fault window that escalates, and the escalated effect."""
+
     healthy_hold: timedelta = timedelta(minutes=5)
     refault_window: timedelta = timedelta(hours=1)
     escalate_to: str = "NoExecute"
@@ -97,6 +101,8 @@ class Recovery:
 
 @dataclass(frozen=True)
 class Policy:
+    """One HealthPolicy: its route (priority, drivers, pools, DeviceClass, CEL selector), rules and recovery."""
+
     name: str
     priority: int = 0
     drivers: tuple[str, ...] = ()
@@ -107,6 +113,7 @@ class Policy:
     recovery: Recovery = Recovery()
 
     def rule(self, name: str | None) -> Rule | None:
+        """The rule of that name (None when the policy has none)."""
         return next((rule for rule in self.rules if rule.name == name), None)
 
 
