@@ -9,12 +9,15 @@ from claimwarden.health.records import TAINT_KEY, DeviceRef
 from claimwarden.signals import nodes, podhealth, taints
 from claimwarden.signals.observations import (
     HEALTHY,
+    KEY_MAX,
     SOURCE_NODE,
     SOURCE_POD,
     SOURCE_TAINT,
     UNHEALTHY,
     UNKNOWN,
+    from_json,
     merge,
+    to_json,
 )
 
 NVIDIA = "gpu.nvidia.com"
@@ -317,3 +320,30 @@ def test_devices_of_a_node_whole_slices_and_per_device_selection() -> None:
         DeviceRef(NVIDIA, "node-1", "gpu-0"), DeviceRef(NVIDIA, "node-1", "gpu-1"),
         DeviceRef("nic.example.com", "fabric", "nic-0")]
     assert nodes.devices_of_node("node-3", items) == []
+
+
+# --- what the sources make fits a record ----------------------------------------------------------
+
+def test_long_keys_are_bounded_stable_and_distinct() -> None:
+    prefix = f"{'v' * 50}.example.com/{'p' * 253}"  # the longest driver and pool names the API allows
+    body = pod(uid="u" * 36, containers=[container("c" * 63, [{"name": "claim:c", "resources": [
+        resource(f"{prefix}/{'d' * 128}", "Unhealthy"), resource(f"{prefix}/{'e' * 128}", "Unhealthy")]}])])
+    first, second = podhealth.pod_device_health(body)
+    assert len(first.key) == len(second.key) == KEY_MAX and first.key != second.key
+    assert podhealth.pod_device_health(body)[0].key == first.key
+    node = "n" * 253
+    conditions = [{"type": "example.com/" + "x" * 300, "status": "True", "lastTransitionTime": rfc(T0)}]
+    assert len(nodes.condition_observations(node, conditions)[0].key) == KEY_MAX
+
+
+def test_every_source_observation_survives_the_records_json() -> None:
+    made = [
+        *taints.taint_observations(REF, [taint("gpu.nvidia.com/gpu-lost"), taint("gpu.nvidia.com/xid", "79")], [],
+                                   NOW),
+        *taints.taint_observations(REF, [], taints.taint_observations(REF, [taint("a.example/x")], [], T0), NOW),
+        *podhealth.pod_health_observations([health(UNKNOWN), health(HEALTHY, key="k2")], [], NOW),
+        *nodes.condition_observations("node-1", [{"type": "Ready", "status": "False",
+                                                  "lastTransitionTime": rfc(T0)}]),
+    ]
+    assert len(made) == 6
+    assert [from_json(to_json(o)) for o in made] == made

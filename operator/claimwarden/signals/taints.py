@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
+from claimwarden.signals.keys import bounded
 from claimwarden.signals.observations import (
     HEALTHY,
     MESSAGE_MAX,
@@ -130,7 +131,7 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
             at = now
         else:
             at = added
-        observation_key = f"{key}={value}@{format_rfc3339(at)}"
+        observation_key = bounded(f"{key}={value}@{format_rfc3339(at)}")
         if observation_key in seen:
             continue
         seen.add(observation_key)
@@ -143,7 +144,7 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
             continue
         new.append(Observation(
             source=SOURCE_TAINT, signal=key, value=last.value, state=HEALTHY, at=now,
-            key=f"{key} removed@{format_rfc3339(now)}",
+            key=bounded(f"{key} removed@{format_rfc3339(now)}"),
             message=f"the driver removed its taint {key} from {ref}"[:MESSAGE_MAX]))
     return new
 
