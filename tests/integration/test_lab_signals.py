@@ -10,6 +10,8 @@ after: both are on by default, slice taints GA in 1.37, pod health still beta in
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -98,6 +100,22 @@ def test_the_driver_publishes_taints_that_claimwarden_reads(lab_api: client.ApiC
 
     with pytest.raises(LabError, match=r"ResourceSlice on node 'kwok-node-0' lists device 'gpu-9'"):
         cluster.taint_device(lab_api, NODE, "gpu-9", XID, "79")
+
+
+def test_lab_taint_from_the_command_line(signals_lab: cluster.LabState, lab_api: client.ApiClient) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "claimwarden", "lab", "taint", NODE, *args,
+                               "--dir", str(signals_lab.dir)], capture_output=True, text=True, timeout=60, check=False)
+
+    done = cli("gpu-0", "--key", "gpu.nvidia.com/gpu-lost")
+    assert done.returncode == 0, done.stderr
+    assert "kwok-node-0/gpu-0 taints: gpu.nvidia.com/gpu-lost:NoSchedule (added 20" in done.stdout
+    assert [t["key"] for t in device_taints(lab_api, "gpu-0") or []] == ["gpu.nvidia.com/gpu-lost"]
+    removed = cli("gpu-0", "--key", "gpu.nvidia.com/gpu-lost", "--remove")
+    assert (removed.returncode, removed.stdout.strip()) == (0, "lab: kwok-node-0/gpu-0 taints: none"), removed.stderr
+    missing = cli("gpu-7", "--key", XID)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (f"lab: error: no {DRIVER} ResourceSlice on node '{NODE}' lists device 'gpu-7'")
 
 
 def test_a_kubelet_style_pod_health_report_is_kept(lab_api: client.ApiClient, signals_lab: cluster.LabState) -> None:
