@@ -130,7 +130,8 @@ def set_device_taint(devices: list[dict[str, Any]], device: str, key: str, value
     """The slice's devices with ``key=value:effect`` on ``device``, as NVIDIA's driver taints a GPU.
 
     Like NVIDIA's driver it keeps one taint per key (the latest value wins, the history is lost) and leaves
-    ``timeAdded`` for the apiserver to set; the same taint again changes nothing, so its ``timeAdded`` stays.
+    ``timeAdded`` for the apiserver to set; the same taint again (key, value and effect) changes nothing, so its
+    ``timeAdded`` stays, as the kubelet plugin helper's slice controller keeps it (``DevicesDeepEqual``).
     """
     if effect not in TAINT_EFFECTS:
         raise LabConfigError(f"taint effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}")

@@ -3,7 +3,11 @@
 A driver taints a device in its slice (``spec.devices[].taints[]``: ``key``, ``value``, ``effect``,
 ``timeAdded``; the apiserver defaults ``timeAdded`` when the driver leaves it out). NVIDIA's driver keeps
 only the latest value per key, so the history lives in claimwarden's record: each taint seen is an
-Unhealthy observation, each taint gone a Healthy one (README "Health from signals").
+Unhealthy observation, each taint gone a Healthy one (README "Health from signals"). A taint's
+identity is ``key=value@timeAdded``: the kubelet plugin helper's slice controller keeps the stored
+``timeAdded`` when a driver republishes a taint with the same key, value and effect
+(``resourceslice.DevicesDeepEqual`` in k8s.io/dynamic-resource-allocation), so a republish is no new
+fault, while a new value or effect gets a new ``timeAdded``.
 
 A pool may span several slices and is rewritten generation by generation; a device's taints are read
 only from a *complete* pool at its highest ``spec.pool.generation``, as the scheduler reads pools.
