@@ -50,7 +50,8 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
     taint.add_argument("--key", required=True, help="taint key, e.g. gpu.nvidia.com/xid or gpu.nvidia.com/gpu-lost")
     taint.add_argument("--value", default="", help="taint value, e.g. an XID code: 79 (default: none)")
     taint.add_argument("--effect", default="NoSchedule", choices=driver.TAINT_EFFECTS,
-                       help="taint effect (default: %(default)s; NVIDIA's driver uses NoSchedule and None)")
+                       help="taint effect (default: %(default)s; NVIDIA's driver uses NoSchedule and None, which "
+                            "the apiserver accepts from 1.35)")
     taint.add_argument("--remove", action="store_true", help="remove the taint with that key instead")
     taint.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
     demo = lab_sub.add_parser("demo", help="start the lab and claimwarden, play the DRA walkthrough and a broken "

@@ -359,6 +359,14 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
 TAINT_RETRIES = 5
 
 
+def _status_message(exc: client.ApiException) -> str:
+    """The message of the Status an apiserver answered with, else the raw body."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body or exc.reason)
+
+
 def _raw(response: object) -> Any:
     """The JSON of a response read with _preload_content=False: every field, even those the client's models lack."""
     return json.loads(cast(Any, response).data)
@@ -393,8 +401,7 @@ def taint_device(api: client.ApiClient, node: str, device: str, key: str, value:
         except client.ApiException as exc:
             if exc.status == 409:
                 continue
-            raise LabError(f"writing ResourceSlice {body['metadata']['name']} failed: {exc.status} {exc.reason}: "
-                           f"{exc.body}") from None
+            raise LabError(f"the apiserver refused the taint ({exc.status}): {_status_message(exc)}") from None
         taints: list[dict[str, Any]] = next(
             d.get("taints") or [] for d in written["spec"]["devices"] if d.get("name") == device)
         if not remove and not any(t.get("key") == key for t in taints):

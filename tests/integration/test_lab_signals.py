@@ -113,6 +113,16 @@ def test_lab_taint_from_the_command_line(signals_lab: cluster.LabState, lab_api:
     assert [t["key"] for t in device_taints(lab_api, "gpu-0") or []] == ["gpu.nvidia.com/gpu-lost"]
     removed = cli("gpu-0", "--key", "gpu.nvidia.com/gpu-lost", "--remove")
     assert (removed.returncode, removed.stdout.strip()) == (0, "lab: kwok-node-0/gpu-0 taints: none"), removed.stderr
+    # NVIDIA's driver taints non-fatal XIDs and unmonitored GPUs with effect None, which 1.34 refuses.
+    unmonitored = cli("gpu-0", "--key", "gpu.nvidia.com/unmonitored", "--effect", "None")
+    if minor() >= 35:
+        assert unmonitored.returncode == 0, unmonitored.stderr
+        assert "gpu.nvidia.com/unmonitored:None" in unmonitored.stdout
+        assert cli("gpu-0", "--key", "gpu.nvidia.com/unmonitored", "--remove").returncode == 0
+    else:
+        assert unmonitored.returncode == 1
+        assert unmonitored.stderr.startswith("lab: error: the apiserver refused the taint (422): ")
+        assert 'Unsupported value: "None"' in unmonitored.stderr, unmonitored.stderr
     missing = cli("gpu-7", "--key", XID)
     assert missing.returncode == 1
     assert missing.stderr.strip() == (f"lab: error: no {DRIVER} ResourceSlice on node '{NODE}' lists device 'gpu-7'")
