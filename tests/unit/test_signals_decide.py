@@ -337,6 +337,22 @@ def test_a_fault_that_fired_and_recovered_between_two_decisions_counts_as_a_reco
     assert run(p, seen, minutes(5), decision.history).escalated
 
 
+def test_a_recovery_under_a_lasting_shadow_mark_still_counts_for_escalation() -> None:
+    """An enforced taint rule beside a Shadow alert rule (the alert never recovers by itself): each time the
+    taint recovers it is a clear, so the device flapping under the standing alert escalates."""
+    p = policy(rule("xid", effect="NoSchedule"), rule("alerts", obs.SOURCE_ALERT, "GPUXidError", mode="Shadow"))
+    seen = [taint(T0), alert(T0)]
+    marked = run(p, seen, T0)
+    assert (marked.effect, marked.rule) == ("NoSchedule", "xid")
+    seen.append(removed(minutes(5)))
+    handed = run(p, seen, minutes(5), marked.history)
+    assert (handed.effect, handed.would, handed.rule, handed.recovered) == ("None", "NoExecute", "alerts", True)
+    assert handed.history.clears == (minutes(5),)
+    seen.append(taint(minutes(10), "48"))
+    again = run(p, seen, minutes(10), handed.history)
+    assert (again.effect, again.rule, again.escalated) == ("NoExecute", "xid", True)
+
+
 def test_a_mark_holds_when_its_observations_fell_off_the_record() -> None:
     p = policy(rule("alerts", obs.SOURCE_ALERT, "GPUXidError"),
                rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"))
@@ -384,6 +400,30 @@ def test_flapping_every_five_minutes_for_an_hour_is_released_once_then_held() ->
     assert history.escalated and history.clears == (minutes(2.5),)
 
 
+def test_pod_health_flapping_every_five_minutes_is_released_at_most_once() -> None:
+    """The same target through KEP-4680 pod health: with a short hold it recovers once, then escalates;
+    with the default 5-minute hold the device never stays Healthy long enough to be released."""
+    for hold, releases in ((1, 1), (5, 0)):
+        p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",),
+                        effect="NoSchedule"), hold=hold)
+        events = [pod(minutes(step * 5 + offset), health) for step in range(12)
+                  for offset, health in ((0.0, obs.UNHEALTHY), (2.5, obs.HEALTHY))]
+        history = History()
+        recoveries = 0
+        for number, event in enumerate(events):
+            decision = run(p, events[:number + 1], event.at, history)
+            history = decision.history
+            recoveries += decision.recovered
+            following = events[number + 1].at if number + 1 < len(events) else minutes(60)  # the hour ends
+            if decision.recheck_at is not None and decision.recheck_at < following:
+                # the controller looks again when the hold ends, if nothing came before
+                decision = run(p, events[:number + 1], decision.recheck_at, history)
+                history = decision.history
+                recoveries += decision.recovered
+        assert recoveries == releases, hold
+        assert decision.effect == ("NoExecute" if releases else "NoSchedule")
+
+
 # --- JSON ----------------------------------------------------------------------------------------
 
 def test_history_json_round_trips() -> None:
@@ -411,6 +451,7 @@ def test_decision_json() -> None:
         "policy": "p", "rule": "xid", "mode": "Shadow", "effect": "None", "would": "NoExecute",
         "why": decision.why, "at": "2026-12-01T12:00:00Z", "escalated": False, "workloadFault": False}
     assert "rule" not in decision_to_json(run(None, [], T0), T0)
+    assert "at" not in decision_to_json(decision)
 
 
 def test_why_is_bounded() -> None:
@@ -475,7 +516,7 @@ def _round_trip(state: dict[DeviceRef, DeviceState]) -> dict[DeviceRef, DeviceSt
 def test_replay_is_deterministic_across_runs_and_restarts() -> None:
     events = trace()
     first = replay(events, ROUTER)
-    assert first == replay(events, ROUTER)
+    assert first == replay(events, ROUTER.policies)
     effects = {d.effect for _, _, d in first}
     assert {"NoExecute", "NoSchedule", "None"} <= effects, effects
     assert any(d.recovered for _, _, d in first) and any(d.escalated for _, _, d in first)

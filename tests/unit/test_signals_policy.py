@@ -9,7 +9,16 @@ import pytest
 
 from claimwarden.signals import observations as obs
 from claimwarden.signals.observations import Observation
-from claimwarden.signals.policy import Policy, Router, Rule, Threshold, WorkloadFault, parse_duration, parse_policy
+from claimwarden.signals.policy import (
+    Policy,
+    Router,
+    Rule,
+    Threshold,
+    WorkloadFault,
+    parse_duration,
+    parse_policy,
+    policy_status,
+)
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -127,6 +136,21 @@ def test_a_policy_that_is_not_an_object_is_an_error() -> None:
     assert parse_policy({"metadata": {"name": "p"}, "spec": "rules"}) == (None, ["spec: must be an object"])
 
 
+def test_policy_status() -> None:
+    policy, errors = parse_policy(body(rules=[
+        {"name": "a", "source": "DriverTaint", "signal": "x", "effect": "NoExecute", "mode": "Enforce"},
+        {"name": "b", "source": "PodStatus", "effect": "NoSchedule"}]))
+    status = policy_status(policy, errors)
+    assert (status["rules"], status["enforced"]) == (2, 1)
+    assert status["accepted"] == {"type": "Accepted", "status": "True", "reason": "Accepted",
+                                  "message": "2 rules, 1 enforced"}
+    assert policy_status(policy, [], "spec.selector: compile error: x")["accepted"]["reason"] == "NotRoutable"
+    bad, errors = parse_policy(body(rules=[]))
+    assert policy_status(bad, errors) == {"rules": 0, "enforced": 0, "accepted": {
+        "type": "Accepted", "status": "False", "reason": "Invalid",
+        "message": "spec.rules: must list at least one rule"}}
+
+
 # --- rules ---------------------------------------------------------------------------------------
 
 def test_a_rule_matches_source_signal_and_values() -> None:
@@ -235,9 +259,15 @@ def test_malformed_observations_are_none(broken: Any) -> None:
     assert obs.from_json(broken) is None
 
 
-def test_a_long_message_is_cut() -> None:
-    o = Observation(obs.SOURCE_ALERT, "GPUXidError", "79", obs.UNHEALTHY, T0, "f@t", "x" * 1000)
-    assert len(obs.to_json(o)["message"]) == obs.MESSAGE_MAX
+def test_long_fields_are_cut_to_the_crd_and_still_dedup() -> None:
+    o = Observation(obs.SOURCE_ALERT, "A" * 600, "v" * 600, obs.UNHEALTHY, T0, "f" * 2000, "x" * 1000)
+    body = obs.to_json(o)
+    assert [len(body[name]) for name in ("signal", "value", "key", "message")] == [
+        obs.SIGNAL_MAX, obs.VALUE_MAX, obs.KEY_MAX, obs.MESSAGE_MAX]
+    merged, added = obs.merge([], [o])
+    assert added == merged == [obs.from_json(body)]
+    # read back from the record and seen again: nothing new, no write
+    assert obs.merge([obs.from_json(body)], [o])[1] == []
 
 
 def test_merge_dedups_by_key_and_state_and_keeps_the_newest() -> None:

@@ -112,12 +112,14 @@ def history_from_json(body: object) -> History:
                    rule=rule if isinstance(rule, str) and rule and marked_since is not None else None)
 
 
-def decision_to_json(decision: Decision, at: datetime) -> dict[str, Any]:
-    """status.decision. `at` is when this decision was first made: keep the stored one while the rest
-    is unchanged, so that deciding again writes nothing."""
+def decision_to_json(decision: Decision, at: datetime | None = None) -> dict[str, Any]:
+    """status.decision. `at`: when this decision was first made (keep the stored one while the rest is
+    unchanged, so that deciding again writes nothing); left out when None."""
     body: dict[str, Any] = {"mode": decision.mode, "effect": decision.effect, "would": decision.would,
-                            "why": decision.why, "at": format_at(at), "escalated": decision.escalated,
+                            "why": decision.why, "escalated": decision.escalated,
                             "workloadFault": decision.workload_fault}
+    if at is not None:
+        body["at"] = format_at(at)
     if decision.policy is not None:
         body["policy"] = decision.policy
     if decision.rule is not None:
@@ -299,55 +301,64 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
                             escalated=True)
         history = replace(history, marked_since=None, rule=None)
 
-    if history.marked_since is not None:
-        holding = [f for f in marking if history.escalated or f.recovered_at is None]
-        best = _strongest(holding)
-        if best is not None:
-            history = replace(history, rule=best.rule.name)
-            effect = _stronger(best.rule.effect, policy.recovery.escalate_to) if history.escalated else best.rule.effect
-            tail = (f"escalated after a re-fault, only a verified clear ends it: {mode_words(best, effect)}"
-                    if history.escalated else mode_words(best, effect))
-            return decision(best, history, f"{_describe(best)}; {tail}{_shadow_note(holding, best)}",
-                            escalated=history.escalated)
-        done = [f for f in marking if f.recovered_at is not None]
-        if not done:
-            workload = _strongest(f for f in fires if f.workload_devices)
-            history = replace(history, marked_since=None, rule=None)
-            if workload is not None:
-                return decision(workload, history, _workload_words(workload), workload=True)
-            return decision(None, history, "the mark's rule no longer fires")
-        return _recover(done, history, decision)
+    if history.marked_since is not None and not history.escalated:
+        held_fire = next((f for f in marking if f.rule.name == history.rule), None)
+        if held_fire is not None and held_fire.recovered_at is not None:
+            # The mark ends where the rule that made it recovered: a clear, from which a re-fault
+            # escalates. A rule that fired meanwhile and has not recovered starts a mark of its own
+            # (and keeps it through the history, its observations being older than the clear).
+            history = _cleared(history, held_fire.recovered_at)
+            words = _recovered_words(held_fire)
+            rest = _strongest(f for f in marking if f is not held_fire and f.recovered_at is None)
+            if rest is None:
+                return decision(None, history, words, recovered=True)
+            history = replace(history, marked_since=now, rule=rest.rule.name)
+            return decision(rest, history, f"{words}; {_describe(rest)}; {mode_words(rest, rest.rule.effect)}",
+                            recovered=True)
 
-    # Not marked: a new fault, perhaps one that fired and recovered between two decisions.
-    best = _strongest(marking)
-    if best is None:
-        workload = _strongest(f for f in fires if f.workload_devices)
-        if workload is not None:
-            return decision(workload, history, _workload_words(workload), workload=True)
-        observing = _strongest(fires)
-        if observing is not None:
-            return decision(observing, history, f"{_describe(observing)}; effect None: observed only")
-        return decision(None, history, f"no rule of policy {policy.name} fired "
-                        f"({len(considered)} observations since the last clear)")
+    escalation = ""
     last_clear = history.clears[-1] if history.clears else None
-    refault = [f for f in marking if last_clear is not None and f.at is not None
-               and (history.boundary is None or last_clear > history.boundary)
-               and f.at - last_clear <= policy.recovery.refault_window]
-    if refault:
-        best = _strongest(refault) or best
-        assert best.at is not None and last_clear is not None
-        history = replace(history, escalated=True, marked_since=now, rule=best.rule.name)
-        effect = _stronger(best.rule.effect, policy.recovery.escalate_to)
-        return decision(best, history, f"{_describe(best)}, {format_duration(best.at - last_clear)} after the "
-                        f"automatic recovery at {_at(last_clear)}: escalated, only a verified clear ends it: "
-                        f"{mode_words(best, effect)}", escalated=True)
-    holding = [f for f in marking if f.recovered_at is None]
-    if not holding:
-        return _recover(marking, history, decision, unseen=True)
-    best = _strongest(holding) or best
-    history = replace(history, marked_since=now, rule=best.rule.name)
-    return decision(best, history,
-                    f"{_describe(best)}; {mode_words(best, best.rule.effect)}{_shadow_note(holding, best)}")
+    if last_clear is not None and (history.boundary is None or last_clear > history.boundary):
+        refault = _strongest(f for f in marking if f.at is not None and f.at > last_clear
+                             and f.at - last_clear <= policy.recovery.refault_window)
+        if refault is not None and refault.at is not None and not history.escalated:
+            history = replace(history, escalated=True)
+            escalation = (f"{_describe(refault)}, {format_duration(refault.at - last_clear)} after the automatic "
+                          f"recovery at {_at(last_clear)}: escalated, only a verified clear ends it; ")
+    if history.escalated:
+        holding = [f for f in fires if f.rule.effect != EFFECT_NONE]  # recovery and workload no longer count
+    else:
+        holding = [f for f in marking if f.recovered_at is None]
+    best = _strongest(holding)
+    if best is not None:
+        history = replace(history, marked_since=history.marked_since or now, rule=best.rule.name)
+        effect = _stronger(best.rule.effect, policy.recovery.escalate_to) if history.escalated else best.rule.effect
+        earlier = "escalated earlier, only a verified clear ends it; " if history.escalated and not escalation else ""
+        return decision(best, history, f"{escalation}{earlier}{_describe(best)}; {mode_words(best, effect)}"
+                        f"{_shadow_note(holding, best)}", escalated=history.escalated)
+
+    workload = _strongest(f for f in fires if f.workload_devices)
+    if history.marked_since is not None:
+        # Its rule fires no more as a mark (now seen on enough devices to be the workload's fault).
+        history = replace(history, marked_since=None, rule=None)
+    elif marking:
+        # Fired and recovered between two decisions (both seen at once, after a restart say): still a clear.
+        last = max(marking, key=lambda f: f.recovered_at or now)
+        assert last.recovered_at is not None
+        history = _cleared(history, last.recovered_at)
+        return decision(None, history, f"fired and recovered between two decisions: {_recovered_words(last)}",
+                        recovered=True)
+    if workload is not None:
+        return decision(workload, history, _workload_words(workload), workload=True)
+    observing = _strongest(fires)
+    if observing is not None:
+        return decision(observing, history, f"{_describe(observing)}; effect None: observed only")
+    return decision(None, history, f"no rule of policy {policy.name} fired "
+                    f"({len(considered)} observations since the last clear)")
+
+
+def _cleared(history: History, at: datetime) -> History:
+    return replace(history, clears=(*history.clears, at)[-CLEARS_MAX:], marked_since=None, rule=None)
 
 
 def _workload_words(fire: _Fire) -> str:
@@ -357,17 +368,10 @@ def _workload_words(fire: _Fire) -> str:
             f"{format_duration(fault.window)}: a workload fault, not the hardware's, nothing is marked")
 
 
-def _recover(done: Sequence[_Fire], history: History, decision: Callable[..., Decision],
-             *, unseen: bool = False) -> Decision:
-    cleared = max(f.recovered_at for f in done if f.recovered_at is not None)
-    last = _strongest(done)
-    assert last is not None
-    history = replace(history, clears=(*history.clears, cleared)[-CLEARS_MAX:], marked_since=None, rule=None)
-    how = {SOURCE_TAINT: f"the driver removed taint {last.rule.signal}",
-           SOURCE_POD: "pods reported the device Healthy for the healthy hold"}.get(last.rule.source, "recovered")
-    first = "fired and recovered between two decisions: " if unseen else ""
-    return decision(None, history, f"{first}{_describe(last)}; recovered at {_at(cleared)}: {how}",
-                    recovered=True)
+def _recovered_words(fire: _Fire) -> str:
+    how = {SOURCE_TAINT: f"the driver removed taint {fire.rule.signal}",
+           SOURCE_POD: "only Healthy was reported for the healthy hold"}.get(fire.rule.source, "recovered")
+    return f"{_describe(fire)}; recovered at {_at(fire.recovered_at)}: {how}"
 
 
 # --- replay ---------------------------------------------------------------------------------------
@@ -398,14 +402,16 @@ def fleet_of(state: Mapping[DeviceRef, DeviceState]) -> Fleet:
     return fleet
 
 
-def replay(trace: Iterable[TraceEvent], router: Router, *,
+def replay(trace: Iterable[TraceEvent], policies: Router | Iterable[Policy], *,
            devices: Mapping[DeviceRef, Mapping[str, Any]] | None = None,
            state: dict[DeviceRef, DeviceState] | None = None) -> list[tuple[datetime, DeviceRef, Decision]]:
     """Decide after every event of a trace, as the controller would; pure.
 
-    `devices`: the slice entries routing sees (a bare {"name": device} when absent). `state`: carried
-    from an earlier replay (it is updated in place), e.g. through JSON to simulate a restart.
+    `policies`: a Router, or policies to route with (no DeviceClasses). `devices`: the slice entries
+    routing sees (a bare {"name": device} when absent). `state`: carried from an earlier replay (it is
+    updated in place), e.g. through JSON to simulate a restart.
     """
+    router = policies if isinstance(policies, Router) else Router(policies, {})
     state = {} if state is None else state
     fleet = fleet_of(state)
     decisions: list[tuple[datetime, DeviceRef, Decision]] = []

@@ -14,7 +14,7 @@ must remember beyond that window in the record's history (``decide.History``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,16 +26,15 @@ UNHEALTHY, HEALTHY, UNKNOWN = "Unhealthy", "Healthy", "Unknown"
 STATES = (UNHEALTHY, HEALTHY, UNKNOWN)
 OBSERVATIONS_MAX = 32
 """Observations kept per record (the newest); the CRD's maxItems."""
-MESSAGE_MAX = 256
-"""A longer message is cut to this many characters when stored (the CRD's maxLength)."""
-KEY_MAX = 512
+MESSAGE_MAX = VALUE_MAX = 256
 SIGNAL_MAX = 316
-VALUE_MAX = 253
+KEY_MAX = 1024
+"""The CRD's maxLengths: a longer field is cut when stored (`stored`), so that the status write is valid."""
 
 
 @dataclass(frozen=True)
 class Observation:
-    """One thing one source saw about one device (the contract in the package docstring's modules)."""
+    """One thing one source saw about one device; each source documents its keys and times."""
 
     source: str    # one of SOURCES
     signal: str    # DriverTaint: taint key; PodStatus: "allocatedResourcesStatus"; Alertmanager: alertname;
@@ -56,10 +55,20 @@ def format_at(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def stored(o: Observation) -> Observation:
+    """The observation as its record keeps it: fields cut to the CRD's maxLengths (alert labels are unbounded)."""
+    if (len(o.signal) <= SIGNAL_MAX and len(o.value) <= VALUE_MAX and len(o.key) <= KEY_MAX
+            and len(o.message) <= MESSAGE_MAX):
+        return o
+    return replace(o, signal=o.signal[:SIGNAL_MAX], value=o.value[:VALUE_MAX], key=o.key[:KEY_MAX],
+                   message=o.message[:MESSAGE_MAX])
+
+
 def to_json(o: Observation) -> dict[str, str]:
-    """The status.observations[] entry of an observation (the message cut to MESSAGE_MAX)."""
+    """The status.observations[] entry of an observation (as `stored` cuts it)."""
+    o = stored(o)
     return {"source": o.source, "signal": o.signal, "value": o.value, "state": o.state,
-            "at": format_at(o.at), "key": o.key, "message": o.message[:MESSAGE_MAX]}
+            "at": format_at(o.at), "key": o.key, "message": o.message}
 
 
 def from_json(d: Mapping[str, Any]) -> Observation | None:
@@ -75,8 +84,8 @@ def from_json(d: Mapping[str, Any]) -> Observation | None:
     if at is None or not isinstance(message, str) or source not in SOURCES or state not in STATES or not key \
             or not signal:
         return None
-    return Observation(source=source, signal=signal, value=value, state=state, at=at.astimezone(UTC), key=key,
-                       message=message[:MESSAGE_MAX])
+    return stored(Observation(source=source, signal=signal, value=value, state=state, at=at.astimezone(UTC),
+                              key=key, message=message))
 
 
 def observations_from_json(entries: object) -> list[Observation]:
@@ -93,14 +102,14 @@ def _order(o: Observation) -> tuple[datetime, str, str]:
 def merge(existing: Sequence[Observation], new: Iterable[Observation],
           limit: int = OBSERVATIONS_MAX) -> tuple[list[Observation], list[Observation]]:
     """(merged, added): merged sorted by (at, key), the newest `limit` kept; added: those of `new`
-    not already present by (key, state) and kept in merged.
+    not already present by (key, state) and kept in merged, as `stored` cuts them.
 
     One that would fall off at once (older than the `limit` kept) is not "added": a source that
     sees it again then adds nothing, and its record is not rewritten in a loop.
     """
     seen = {(o.key, o.state) for o in existing}
     fresh: list[Observation] = []
-    for o in new:
+    for o in map(stored, new):
         if (o.key, o.state) not in seen:
             seen.add((o.key, o.state))
             fresh.append(o)

@@ -22,7 +22,7 @@ from typing import Any
 
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
-from claimwarden.signals.observations import SOURCE_POD, SOURCES, Observation
+from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_POD, SOURCES, Observation
 
 GROUP = "claimwarden.io"
 VERSION = "v1alpha1"
@@ -73,6 +73,8 @@ class WorkloadFault:
 
 @dataclass(frozen=True)
 class Rule:
+    """spec.rules[]: which observations count (source, signal, values), when they fire, and the effect."""
+
     name: str
     source: str
     signal: str
@@ -90,6 +92,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Recovery:
+    """spec.recovery: the PodStatus hold, the re-fault window that escalates, and the escalated effect."""
+
     healthy_hold: timedelta = timedelta(minutes=5)
     refault_window: timedelta = timedelta(hours=1)
     escalate_to: str = "NoExecute"
@@ -97,6 +101,8 @@ class Recovery:
 
 @dataclass(frozen=True)
 class Policy:
+    """One HealthPolicy: its route (priority, drivers, pools, DeviceClass, CEL selector), rules and recovery."""
+
     name: str
     priority: int = 0
     drivers: tuple[str, ...] = ()
@@ -107,6 +113,7 @@ class Policy:
     recovery: Recovery = Recovery()
 
     def rule(self, name: str | None) -> Rule | None:
+        """The rule of that name (None when the policy has none)."""
         return next((rule for rule in self.rules if rule.name == name), None)
 
 
@@ -175,6 +182,8 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
     if not isinstance(signal, str) or not signal:
         errors.add(f"{where}.signal", "is required (a taint key, alert name, condition type, or "
                                       f"{POD_SIGNAL} for PodStatus)")
+    elif len(signal) > SIGNAL_MAX:
+        errors.add(f"{where}.signal", f"is longer than {SIGNAL_MAX} characters")
     values = _strings(body.get("values"), f"{where}.values", errors, limit=VALUES_MAX)
     effect = body.get("effect")
     if effect not in EFFECTS:
@@ -255,6 +264,24 @@ def parse_policy(body: Mapping[str, Any]) -> tuple[Policy | None, list[str]]:
         return None, list(errors)
     return Policy(name=name, priority=int(priority or 0), drivers=drivers, pools=pools,
                   device_class=device_class, selector=selector, rules=tuple(rules), recovery=recovery), []
+
+
+def policy_status(policy: Policy | None, errors: Sequence[str], route_error: str | None = None) -> dict[str, Any]:
+    """What a HealthPolicy's status says (the printer columns Rules, Enforced, Accepted): the rule counts and
+    the Accepted condition's status, reason and message (lastTransitionTime is the writer's to keep).
+
+    `errors`: parse_policy's; `route_error`: Router.errors for the policy (CEL, a missing DeviceClass).
+    """
+    rules = policy.rules if policy is not None else ()
+    if errors or policy is None:
+        accepted = {"status": "False", "reason": "Invalid", "message": "; ".join(errors)[:32768] or "not parsed"}
+    elif route_error:
+        accepted = {"status": "False", "reason": "NotRoutable", "message": route_error[:32768]}
+    else:
+        accepted = {"status": "True", "reason": "Accepted",
+                    "message": f"{len(rules)} rules, {sum(r.mode == MODE_ENFORCE for r in rules)} enforced"}
+    return {"rules": len(rules), "enforced": sum(r.mode == MODE_ENFORCE for r in rules),
+            "accepted": {"type": "Accepted", **accepted}}
 
 
 # --- routing ------------------------------------------------------------------------------------
