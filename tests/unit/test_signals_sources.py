@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
-from claimwarden.signals import nodes, podhealth, taints
+from claimwarden.signals import keys, nodes, podhealth, taints
 from claimwarden.signals.observations import (
     HEALTHY,
     KEY_MAX,
@@ -324,16 +324,22 @@ def test_devices_of_a_node_whole_slices_and_per_device_selection() -> None:
 
 # --- what the sources make fits a record ----------------------------------------------------------
 
-def test_long_keys_are_bounded_stable_and_distinct() -> None:
+def test_the_longest_keys_the_api_allows_fit_a_record_whole() -> None:
     prefix = f"{'v' * 50}.example.com/{'p' * 253}"  # the longest driver and pool names the API allows
     body = pod(uid="u" * 36, containers=[container("c" * 63, [{"name": "claim:c", "resources": [
         resource(f"{prefix}/{'d' * 128}", "Unhealthy"), resource(f"{prefix}/{'e' * 128}", "Unhealthy")]}])])
     first, second = podhealth.pod_device_health(body)
-    assert len(first.key) == len(second.key) == KEY_MAX and first.key != second.key
-    assert podhealth.pod_device_health(body)[0].key == first.key
-    node = "n" * 253
+    assert len(first.key) < KEY_MAX and first.key.endswith("d" * 128) and second.key.endswith("e" * 128)
     conditions = [{"type": "example.com/" + "x" * 300, "status": "True", "lastTransitionTime": rfc(T0)}]
-    assert len(nodes.condition_observations(node, conditions)[0].key) == KEY_MAX
+    (condition,) = nodes.condition_observations("n" * 253, conditions)
+    assert len(condition.key) < KEY_MAX and condition.key.endswith(f"@{rfc(T0)}")
+
+
+def test_a_key_too_long_keeps_its_head_and_a_hash_of_all_of_it() -> None:
+    one, other = "k" * KEY_MAX + "1", "k" * KEY_MAX + "2"
+    assert len(keys.bounded(one)) == KEY_MAX and keys.bounded(one) != keys.bounded(other)
+    assert keys.bounded(one) == keys.bounded(one) and keys.bounded(one).startswith("k" * 900)
+    assert keys.bounded("short") == "short"
 
 
 def test_every_source_observation_survives_the_records_json() -> None:

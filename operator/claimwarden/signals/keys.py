@@ -1,7 +1,9 @@
 """Observation keys that fit a record (``observations.KEY_MAX``, the CRD's maxLength).
 
-Sources build keys from names the cluster chooses (a pool name alone may have 253 characters), so a
-long key keeps its head, readable, and ends in a hash of the whole: the same input, the same key.
+Sources build keys from names the cluster chooses. The longest the API allows fit (a pod's key, with
+a 253-character pool, a 128-character device and 63-character driver and container names, is about
+550 characters), but should one not, a plain cut (``observations`` cuts what is too long) could make
+two different keys one; here a long key keeps its readable head and ends in a hash of all of it.
 """
 
 from __future__ import annotations
