@@ -149,6 +149,14 @@ def test_a_removed_taint_is_one_healthy_observation_then_nothing() -> None:
     assert taints.taint_observations(REF, [], first + removed, NOW + timedelta(minutes=1)) == []
 
 
+def test_a_removal_comes_after_its_fault_even_when_our_clock_is_behind_the_apiservers() -> None:
+    first = taints.taint_observations(REF, [taint("gpu.nvidia.com/xid", "79", at=NOW)], [], NOW)
+    behind = NOW - timedelta(seconds=2)
+    (removed,) = taints.taint_observations(REF, [], first, behind)
+    assert removed.state == HEALTHY and removed.at > first[0].at
+    assert removed.at - first[0].at < timedelta(milliseconds=1)
+
+
 def test_a_taint_back_after_its_removal_is_new_again() -> None:
     first = taints.taint_observations(REF, [taint("gpu.nvidia.com/xid", "79")], [], NOW)
     removed = taints.taint_observations(REF, [], first, NOW)

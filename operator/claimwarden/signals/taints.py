@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
@@ -36,6 +36,7 @@ from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
 PoolKey = tuple[str, str]
 """(driver, pool name)."""
+_AFTER = timedelta(microseconds=1)
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -109,7 +110,8 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     Unhealthy observation at its ``timeAdded``. A taint without ``timeAdded`` (the apiserver defaults
     it, so only hand-made input lacks it) is new unless the newest observation of its key already says
     that value; it is dated ``now``. A key whose newest observation is Unhealthy and that is no longer
-    on the device gets one Healthy ``"{key} removed@{now}"`` observation. claimwarden's own taint key is
+    on the device gets one Healthy ``"{key} removed@{now}"`` observation, dated ``now`` (or just after
+    that Unhealthy one, should the apiserver's clock be ahead of ours). claimwarden's own taint key is
     ignored: it is a consequence of a mark, never a signal.
     """
     if taints is None:
@@ -146,9 +148,12 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     for key, last in sorted(newest.items()):
         if key in present or last.state != UNHEALTHY:
             continue
+        # timeAdded is the apiserver's clock, `now` ours: a removal must still come after the fault it
+        # ends (decide recovers on a Healthy observation later than the fault), even when ours is behind.
+        at = max(now, last.at + _AFTER)
         new.append(Observation(
-            source=SOURCE_TAINT, signal=key, value=last.value, state=HEALTHY, at=now,
-            key=bounded(f"{key} removed@{format_rfc3339(now)}"),
+            source=SOURCE_TAINT, signal=key, value=last.value, state=HEALTHY, at=at,
+            key=bounded(f"{key} removed@{format_rfc3339(at)}"),
             message=f"the driver removed its taint {key} from {ref}"[:MESSAGE_MAX]))
     return new
 
