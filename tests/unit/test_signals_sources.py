@@ -6,15 +6,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
-from claimwarden.signals import nodes, podhealth, taints
+from claimwarden.signals import keys, nodes, podhealth, taints
 from claimwarden.signals.observations import (
     HEALTHY,
+    KEY_MAX,
     SOURCE_NODE,
     SOURCE_POD,
     SOURCE_TAINT,
     UNHEALTHY,
     UNKNOWN,
+    from_json,
     merge,
+    to_json,
 )
 
 NVIDIA = "gpu.nvidia.com"
@@ -144,6 +147,14 @@ def test_a_removed_taint_is_one_healthy_observation_then_nothing() -> None:
         ("gpu.nvidia.com/gpu-lost", HEALTHY, NOW, f"gpu.nvidia.com/gpu-lost removed@{rfc(NOW)}")]
     assert removed[0].value == ""
     assert taints.taint_observations(REF, [], first + removed, NOW + timedelta(minutes=1)) == []
+
+
+def test_a_removal_comes_after_its_fault_even_when_our_clock_is_behind_the_apiservers() -> None:
+    first = taints.taint_observations(REF, [taint("gpu.nvidia.com/xid", "79", at=NOW)], [], NOW)
+    behind = NOW - timedelta(seconds=2)
+    (removed,) = taints.taint_observations(REF, [], first, behind)
+    assert removed.state == HEALTHY and removed.at > first[0].at
+    assert removed.at - first[0].at < timedelta(milliseconds=1)
 
 
 def test_a_taint_back_after_its_removal_is_new_again() -> None:
@@ -317,3 +328,36 @@ def test_devices_of_a_node_whole_slices_and_per_device_selection() -> None:
         DeviceRef(NVIDIA, "node-1", "gpu-0"), DeviceRef(NVIDIA, "node-1", "gpu-1"),
         DeviceRef("nic.example.com", "fabric", "nic-0")]
     assert nodes.devices_of_node("node-3", items) == []
+
+
+# --- what the sources make fits a record ----------------------------------------------------------
+
+def test_the_longest_keys_the_api_allows_fit_a_record_whole() -> None:
+    prefix = f"{'v' * 50}.example.com/{'p' * 253}"  # the longest driver and pool names the API allows
+    body = pod(uid="u" * 36, containers=[container("c" * 63, [{"name": "claim:c", "resources": [
+        resource(f"{prefix}/{'d' * 128}", "Unhealthy"), resource(f"{prefix}/{'e' * 128}", "Unhealthy")]}])])
+    first, second = podhealth.pod_device_health(body)
+    assert len(first.key) < KEY_MAX and first.key.endswith("d" * 128) and second.key.endswith("e" * 128)
+    conditions = [{"type": "example.com/" + "x" * 300, "status": "True", "lastTransitionTime": rfc(T0)}]
+    (condition,) = nodes.condition_observations("n" * 253, conditions)
+    assert len(condition.key) < KEY_MAX and condition.key.endswith(f"@{rfc(T0)}")
+
+
+def test_a_key_too_long_keeps_its_head_and_a_hash_of_all_of_it() -> None:
+    one, other = "k" * KEY_MAX + "1", "k" * KEY_MAX + "2"
+    assert len(keys.bounded(one)) == KEY_MAX and keys.bounded(one) != keys.bounded(other)
+    assert keys.bounded(one) == keys.bounded(one) and keys.bounded(one).startswith("k" * 900)
+    assert keys.bounded("short") == "short"
+
+
+def test_every_source_observation_survives_the_records_json() -> None:
+    made = [
+        *taints.taint_observations(REF, [taint("gpu.nvidia.com/gpu-lost"), taint("gpu.nvidia.com/xid", "79")], [],
+                                   NOW),
+        *taints.taint_observations(REF, [], taints.taint_observations(REF, [taint("a.example/x")], [], T0), NOW),
+        *podhealth.pod_health_observations([health(UNKNOWN), health(HEALTHY, key="k2")], [], NOW),
+        *nodes.condition_observations("node-1", [{"type": "Ready", "status": "False",
+                                                  "lastTransitionTime": rfc(T0)}]),
+    ]
+    assert len(made) == 6
+    assert [from_json(to_json(o)) for o in made] == made

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from claimwarden.health.records import DeviceRef
+from claimwarden.signals.keys import bounded
 from claimwarden.signals.observations import MESSAGE_MAX, SOURCE_NODE, UNHEALTHY, Observation
 from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
@@ -35,7 +36,7 @@ def condition_observations(node: str, conditions: Sequence[Mapping[str, Any]]) -
         text = ": ".join(t for t in (reason, message) if isinstance(t, str) and t)
         found.append(Observation(
             source=SOURCE_NODE, signal=kind, value=status, state=UNHEALTHY, at=at,
-            key=f"{node}/{kind}@{format_rfc3339(at)}",
+            key=bounded(f"{node}/{kind}@{format_rfc3339(at)}"),
             message=(f"node {node}: {kind}={status}" + (f" ({text})" if text else ""))[:MESSAGE_MAX]))
     return found
 

@@ -3,11 +3,13 @@
 The kubelet reports, per container, the health of each DRA device allocated to it:
 
     allocatedResourcesStatus:
-    - name: claim:<claim>/<request>          (or claim:<claim>)
-      resources:
-      - resourceID: <driver>/<pool>/<device>  (a pool name may hold '/': the driver ends at the
-        health: Healthy | Unhealthy | Unknown  first '/', the device starts after the last)
-        message: ...
+    - name: claim:<claim>/<request>          (or claim:<claim>; <claim> is the container's claim
+      resources:                               reference, pod.spec.resourceClaims[].name, not the
+      - resourceID: <driver>/<pool>/<device>   ResourceClaim's name: the apiserver refuses that)
+        health: Healthy | Unhealthy | Unknown
+        message: ...                           (kept from 1.36, gate ResourceHealthStatusMessage)
+
+A pool name may hold '/': the driver ends at the first '/', the device starts after the last.
 
 Only allocated devices are covered, and ``Unknown`` means the signal was lost (never a reason to
 evict; the policy counts it). A pod status has no time per entry, so an observation is dated when
@@ -26,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from claimwarden.health.records import DeviceRef
+from claimwarden.signals.keys import bounded
 from claimwarden.signals.observations import (
     HEALTHY,
     MESSAGE_MAX,
@@ -98,7 +101,7 @@ def pod_device_health(pod: Mapping[str, Any]) -> list[DeviceHealth]:
                         continue
                     message = resource.get("message")
                     found.append(DeviceHealth(
-                        ref=ref, key=f"{uid}/{name}/{resource_id}", health=str(health),
+                        ref=ref, key=bounded(f"{uid}/{name}/{resource_id}"), health=str(health),
                         message=message[:MESSAGE_MAX] if isinstance(message, str) else ""))
     return found
 

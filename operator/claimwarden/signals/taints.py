@@ -3,7 +3,11 @@
 A driver taints a device in its slice (``spec.devices[].taints[]``: ``key``, ``value``, ``effect``,
 ``timeAdded``; the apiserver defaults ``timeAdded`` when the driver leaves it out). NVIDIA's driver keeps
 only the latest value per key, so the history lives in claimwarden's record: each taint seen is an
-Unhealthy observation, each taint gone a Healthy one (README "Health from signals").
+Unhealthy observation, each taint gone a Healthy one (README "Health from signals"). A taint's
+identity is ``key=value@timeAdded``: the kubelet plugin helper's slice controller keeps the stored
+``timeAdded`` when a driver republishes a taint with the same key, value and effect
+(``resourceslice.DevicesDeepEqual`` in k8s.io/dynamic-resource-allocation), so a republish is no new
+fault, while a new value or effect gets a new ``timeAdded``.
 
 A pool may span several slices and is rewritten generation by generation; a device's taints are read
 only from a *complete* pool at its highest ``spec.pool.generation``, as the scheduler reads pools.
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
+from claimwarden.signals.keys import bounded
 from claimwarden.signals.observations import (
     HEALTHY,
     MESSAGE_MAX,
@@ -31,6 +36,7 @@ from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
 PoolKey = tuple[str, str]
 """(driver, pool name)."""
+_AFTER = timedelta(microseconds=1)
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -104,7 +110,8 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     Unhealthy observation at its ``timeAdded``. A taint without ``timeAdded`` (the apiserver defaults
     it, so only hand-made input lacks it) is new unless the newest observation of its key already says
     that value; it is dated ``now``. A key whose newest observation is Unhealthy and that is no longer
-    on the device gets one Healthy ``"{key} removed@{now}"`` observation. claimwarden's own taint key is
+    on the device gets one Healthy ``"{key} removed@{now}"`` observation, dated ``now`` (or just after
+    that Unhealthy one, should the apiserver's clock be ahead of ours). claimwarden's own taint key is
     ignored: it is a consequence of a mark, never a signal.
     """
     if taints is None:
@@ -130,7 +137,7 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
             at = now
         else:
             at = added
-        observation_key = f"{key}={value}@{format_rfc3339(at)}"
+        observation_key = bounded(f"{key}={value}@{format_rfc3339(at)}")
         if observation_key in seen:
             continue
         seen.add(observation_key)
@@ -141,9 +148,12 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     for key, last in sorted(newest.items()):
         if key in present or last.state != UNHEALTHY:
             continue
+        # timeAdded is the apiserver's clock, `now` ours: a removal must still come after the fault it
+        # ends (decide recovers on a Healthy observation later than the fault), even when ours is behind.
+        at = max(now, last.at + _AFTER)
         new.append(Observation(
-            source=SOURCE_TAINT, signal=key, value=last.value, state=HEALTHY, at=now,
-            key=f"{key} removed@{format_rfc3339(now)}",
+            source=SOURCE_TAINT, signal=key, value=last.value, state=HEALTHY, at=at,
+            key=bounded(f"{key} removed@{format_rfc3339(at)}"),
             message=f"the driver removed its taint {key} from {ref}"[:MESSAGE_MAX]))
     return new
 
