@@ -54,6 +54,7 @@ from .podclaims import (
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
 from .runtime import Runtime, lost_lease
+from .signals.webhook import WebhookSettings
 from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
@@ -93,6 +94,7 @@ class RunSettings:
     metrics_cache_seconds: float  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
+    webhook: WebhookSettings | None = None  # None: the Alertmanager webhook is off (no --alert-token-file or CA)
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
