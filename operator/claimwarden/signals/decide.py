@@ -1,0 +1,412 @@
+"""From a device's observations and history to its mark: the one pure decision of issue 21.
+
+``decide`` reads the device's observations (its record's status.observations), what the record
+remembers (``History``, status.recovery) and the policy routed to the device, and says what the
+record's effect is, which rule decided it and why. It reads no clock and draws no random numbers:
+the same inputs give the same Decision, so replaying a recorded trace (``replay``) gives the same
+decisions across runs and across restarts (the state carried through the record's JSON).
+
+**Firing.** A rule counts its matching Unhealthy observations after the history's floor (the last
+verified clear and the last automatic recovery): observations within ``threshold.burst`` of a
+burst's first one count once (the same after less than ``burst``), and the rule fires once
+``threshold.count`` bursts fall within one ``threshold.window`` (the last less than ``window``
+after the first). Any window since the floor counts, not only the one ending now: a driver taint
+that was already there when claimwarden started, or a burst seen only after a restart, still
+fires. Once fired, a rule holds its mark until the mark recovers, however old the burst gets.
+
+**Several rules.** The strongest effect wins (NoExecute > NoSchedule > None), Enforce before Shadow,
+then the rule's order in the policy. A Shadow rule decides effect None and records in ``would``
+what it would have done; its mark goes through the same recovery and escalation, so a rule's
+shadow history shows what enforcing it would have done. A rule with effect None observes only:
+it never marks.
+
+**Workload faults.** A rule with ``workloadFault`` asks the fleet how many different devices saw
+the same signal and value within its window; at ``devices`` or more it is the workload's fault,
+not the hardware's: no mark (an Event and a metric, by the controller).
+
+**Recovery** is verified, never inferred (README "Recovery"). A mark held by a DriverTaint rule
+recovers when the driver removed that taint key after the newest fault; by a PodStatus rule, when
+only Healthy was reported for ``recovery.healthyHold`` after the newest Unhealthy (Unknown restarts
+the hold: the signal was lost); an Alertmanager or NodeCondition mark never recovers by itself: an
+alert resolving is not recovery (a crashed exporter also resolves its alerts). A person's verified
+clear (``verified_at``) always recovers and becomes the history's boundary: no observation at or
+before it counts again. A fault that fires within ``recovery.refaultWindow`` of the last automatic
+recovery escalates: the effect becomes at least ``recovery.escalateTo``, and only a verified clear
+ends the mark. A device that flaps every 5 minutes is thus released once, then held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from claimwarden.health.records import DeviceRef, format_duration
+from claimwarden.signals.observations import HEALTHY, SOURCE_POD, SOURCE_TAINT, UNHEALTHY, Observation, format_at, merge
+from claimwarden.signals.policy import EFFECT_NONE, MODE_ENFORCE, STRENGTH, Policy, Router, Rule
+from claimwarden.timestamps import parse_rfc3339
+
+CLEARS_MAX = 16
+"""Automatic recoveries kept in the history (the newest)."""
+WHY_MAX = 1024
+
+Fleet = Callable[[str, str, str, datetime], int]
+"""(source, signal, value, since) -> how many different devices have an Unhealthy observation of that
+source, signal and value at or after `since` (the device being decided included)."""
+
+
+@dataclass(frozen=True)
+class History:
+    """What a record remembers beyond its observations (status.recovery)."""
+
+    boundary: datetime | None = None       # a person's verified clear: observations at or before never count
+    clears: tuple[datetime, ...] = ()      # automatic recoveries, oldest first (the last CLEARS_MAX)
+    escalated: bool = False
+    marked_since: datetime | None = None   # when the current mark began; None: not marked
+    rule: str | None = None                # the rule holding the current mark
+
+
+@dataclass(frozen=True)
+class Decision:
+    effect: str            # the record's spec.effect: NoExecute | NoSchedule | None
+    would: str             # what the deciding rule asks (== effect unless Shadow or a workload fault)
+    policy: str | None
+    rule: str | None
+    mode: str              # Enforce | Shadow ("" when no rule)
+    why: str               # one sentence: spec.reason and status.decision.why
+    escalated: bool
+    recovered: bool        # this decision ended a mark (automatically or by a verified clear)
+    workload_fault: bool
+    drain: str | None      # the deciding rule's drain (None: the record's default)
+    history: History       # what to store next
+    recheck_at: datetime | None = None
+    """When the decision may change with no new observation (a PodStatus healthy hold ending): decide again then."""
+
+
+# --- JSON (status.recovery, status.decision) ----------------------------------------------------
+
+def history_to_json(history: History) -> dict[str, Any]:
+    body: dict[str, Any] = {"clears": [format_at(at) for at in history.clears], "escalated": history.escalated}
+    if history.boundary is not None:
+        body["boundary"] = format_at(history.boundary)
+    if history.marked_since is not None:
+        body["markedSince"] = format_at(history.marked_since)
+    if history.rule is not None:
+        body["rule"] = history.rule
+    return body
+
+
+def history_from_json(body: object) -> History:
+    """The history stored in status.recovery; what is malformed is left out (an empty history for none)."""
+    if not isinstance(body, Mapping):
+        return History()
+    clears = body.get("clears")
+    parsed = sorted(at for at in (parse_rfc3339(c) for c in (clears if isinstance(clears, list) else []))
+                    if at is not None)
+    rule = body.get("rule")
+    marked_since = parse_rfc3339(body.get("markedSince"))
+    return History(boundary=parse_rfc3339(body.get("boundary")), clears=tuple(parsed[-CLEARS_MAX:]),
+                   escalated=body.get("escalated") is True, marked_since=marked_since,
+                   rule=rule if isinstance(rule, str) and rule and marked_since is not None else None)
+
+
+def decision_to_json(decision: Decision, at: datetime) -> dict[str, Any]:
+    """status.decision. `at` is when this decision was first made: keep the stored one while the rest
+    is unchanged, so that deciding again writes nothing."""
+    body: dict[str, Any] = {"mode": decision.mode, "effect": decision.effect, "would": decision.would,
+                            "why": decision.why, "at": format_at(at), "escalated": decision.escalated,
+                            "workloadFault": decision.workload_fault}
+    if decision.policy is not None:
+        body["policy"] = decision.policy
+    if decision.rule is not None:
+        body["rule"] = decision.rule
+    return body
+
+
+# --- one rule ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Fire:
+    """A rule that fired since the floor (or holds the mark from the history alone)."""
+
+    rule: Rule
+    index: int                  # the rule's place in the policy
+    at: datetime | None         # the first observation of the burst that reached the count; None: history only
+    bursts: int                 # bursts counted in the firing window
+    value: str                  # the value of the observation that fired it
+    last_fault: datetime | None  # the newest matching Unhealthy observation
+    recovered_at: datetime | None = None
+    recheck_at: datetime | None = None
+    workload_devices: int = 0   # > 0: a workload fault, seen on that many devices
+
+    @property
+    def marks(self) -> bool:
+        return self.rule.effect != EFFECT_NONE and not self.workload_devices
+
+
+def _bursts(times: Sequence[datetime], burst: timedelta) -> list[datetime]:
+    """The first moment of every burst: an observation less than `burst` after its burst's first joins it."""
+    starts: list[datetime] = []
+    for at in times:
+        if not starts or at - starts[-1] >= burst:
+            starts.append(at)
+    return starts
+
+
+def _fire(rule: Rule, index: int, considered: Sequence[Observation]) -> _Fire | None:
+    faults = [o for o in considered if o.state == UNHEALTHY and rule.matches(o)]
+    if not faults:
+        return None
+    starts = _bursts([o.at for o in faults], rule.threshold.burst)
+    count = rule.threshold.count
+    for last in range(count - 1, len(starts)):
+        if starts[last] - starts[last - count + 1] < rule.threshold.window:
+            at = starts[last]
+            value = next(o.value for o in faults if o.at == at)
+            return _Fire(rule, index, at, count, value, faults[-1].at)
+    return None
+
+
+def _recovery(fire: _Fire, considered: Sequence[Observation], marked_since: datetime | None,
+              hold: timedelta, now: datetime) -> _Fire:
+    """The fire with when it recovered (or when to look again); unchanged when it has not."""
+    rule = fire.rule
+    after = fire.last_fault or fire.at or marked_since
+    later = [o for o in considered if o.source == rule.source and o.signal == rule.signal
+             and (after is None or o.at > after)]
+    if rule.source == SOURCE_TAINT:
+        # The taint key is gone (whatever its value was): the driver says the device is well again.
+        removed = next((o.at for o in later if o.state == HEALTHY), None)
+        return replace(fire, recovered_at=removed) if removed is not None and removed <= now else fire
+    if rule.source == SOURCE_POD:
+        healthy_since: datetime | None = None
+        for o in later:
+            # Unknown (the signal was lost) or Unhealthy again: the hold starts over
+            healthy_since = (healthy_since or o.at) if o.state == HEALTHY else None
+        if healthy_since is None:
+            return fire
+        ends = healthy_since + hold
+        return replace(fire, recovered_at=ends) if ends <= now else replace(fire, recheck_at=ends)
+    # Alertmanager and NodeCondition: an alert resolving or a condition going away proves nothing.
+    return fire
+
+
+def _workload(fire: _Fire, fleet: Fleet) -> _Fire:
+    fault = fire.rule.workload_fault
+    if fault is None or fire.at is None:
+        return fire
+    devices = fleet(fire.rule.source, fire.rule.signal, fire.value, fire.at - fault.window)
+    return replace(fire, workload_devices=devices) if devices >= fault.devices else fire
+
+
+def _strongest(fires: Iterable[_Fire]) -> _Fire | None:
+    return min(fires, key=lambda f: (-STRENGTH[f.rule.effect], f.rule.mode != MODE_ENFORCE, f.index), default=None)
+
+
+def _stronger(a: str, b: str) -> str:
+    return a if STRENGTH[a] >= STRENGTH[b] else b
+
+
+# --- words ---------------------------------------------------------------------------------------
+
+def _at(moment: datetime | None) -> str:
+    return format_at(moment) if moment is not None else "-"
+
+
+def _describe(fire: _Fire) -> str:
+    rule = fire.rule
+    what = f"{rule.source} {rule.signal}" + (f"={fire.value}" if fire.value else "")
+    if fire.at is None:
+        return f"rule {rule.name} holds the mark it made earlier ({what})"
+    threshold = rule.threshold
+    counted = (f"{fire.bursts} bursts within {format_duration(threshold.window)}" if threshold.count > 1
+               else "1 observation")
+    return f"rule {rule.name}: {what} at {_at(fire.at)}, {counted}"
+
+
+def _why(text: str) -> str:
+    return text if len(text) <= WHY_MAX else text[:WHY_MAX - 1] + "…"
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+def decide(policy: Policy | None, observations: Sequence[Observation], history: History,
+           fleet: Fleet, now: datetime, *, verified_at: datetime | None = None) -> Decision:
+    """The device's mark: see the module docstring. `verified_at`: the record's claimwarden.io/verified-at
+    (a person's `kubectl claimwarden clear --verified`); one in the future is ignored."""
+    recovered = False
+    verified_note = ""
+    if (verified_at is not None and verified_at <= now
+            and (history.boundary is None or verified_at > history.boundary)):
+        recovered = history.marked_since is not None
+        verified_note = f"verified healthy at {_at(verified_at)}; "
+        history = replace(history, boundary=verified_at, escalated=False, marked_since=None, rule=None)
+    if policy is None:
+        return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=None, rule=None, mode="",
+                        why=_why(verified_note + "no HealthPolicy applies to this device: its observations are "
+                                 "kept, nothing is marked"),
+                        escalated=False, recovered=recovered, workload_fault=False, drain=None, history=history)
+
+    floor = max([at for at in (history.boundary, *history.clears[-1:]) if at is not None], default=None)
+    considered = sorted((o for o in observations if floor is None or o.at > floor), key=lambda o: (o.at, o.key))
+    fires = [f for f in (_fire(rule, i, considered) for i, rule in enumerate(policy.rules)) if f is not None]
+    held = policy.rule(history.rule) if history.marked_since is not None else None
+    if held is not None and all(f.rule.name != held.name for f in fires):
+        # Its observations fell off the record (only the newest are kept): the history still knows.
+        fires.append(_Fire(held, policy.rules.index(held), None, 0, "", None))
+    fires = [_recovery(_workload(f, fleet), considered, history.marked_since, policy.recovery.healthy_hold, now)
+             for f in fires]
+    recheck = min((f.recheck_at for f in fires if f.recheck_at is not None), default=None)
+
+    def decision(fire: _Fire | None, history: History, why: str, *, escalated: bool = False,
+                 recovered: bool = recovered, workload: bool = False) -> Decision:
+        assert policy is not None
+        if fire is None:
+            return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=policy.name, rule=None, mode="",
+                            why=_why(verified_note + why), escalated=False, recovered=recovered,
+                            workload_fault=False, drain=None, history=history, recheck_at=recheck)
+        rule = fire.rule
+        would = _stronger(rule.effect, policy.recovery.escalate_to) if escalated else rule.effect
+        effect = would if rule.mode == MODE_ENFORCE and not workload else EFFECT_NONE
+        if workload:
+            would = EFFECT_NONE
+        return Decision(effect=effect, would=would, policy=policy.name, rule=rule.name, mode=rule.mode,
+                        why=_why(verified_note + why), escalated=escalated, recovered=recovered,
+                        workload_fault=workload, drain=rule.drain, history=history, recheck_at=recheck)
+
+    def mode_words(fire: _Fire, effect: str) -> str:
+        return f"{effect}" if fire.rule.mode == MODE_ENFORCE else f"Shadow: would {effect}, does nothing"
+
+    marking = [f for f in fires if f.marks]
+    if history.marked_since is not None and history.rule is not None and held is None:
+        # The rule that made the mark is gone from the policy (edited, or another policy now applies).
+        if history.escalated:
+            gone = _Fire(Rule(name=history.rule, source="", signal="", effect=policy.recovery.escalate_to,
+                              mode=MODE_ENFORCE), len(policy.rules), None, 0, "", None)
+            return decision(gone, history, f"rule {history.rule} is no longer in policy {policy.name}; its "
+                            f"escalated mark holds until a verified clear: {policy.recovery.escalate_to}",
+                            escalated=True)
+        history = replace(history, marked_since=None, rule=None)
+
+    if history.marked_since is not None:
+        holding = [f for f in marking if history.escalated or f.recovered_at is None]
+        best = _strongest(holding)
+        if best is not None:
+            history = replace(history, rule=best.rule.name)
+            effect = _stronger(best.rule.effect, policy.recovery.escalate_to) if history.escalated else best.rule.effect
+            tail = (f"escalated after a re-fault, only a verified clear ends it: {mode_words(best, effect)}"
+                    if history.escalated else mode_words(best, effect))
+            return decision(best, history, f"{_describe(best)}; {tail}", escalated=history.escalated)
+        done = [f for f in marking if f.recovered_at is not None]
+        if not done:
+            workload = _strongest(f for f in fires if f.workload_devices)
+            history = replace(history, marked_since=None, rule=None)
+            if workload is not None:
+                return decision(workload, history, _workload_words(workload), workload=True)
+            return decision(None, history, "the mark's rule no longer fires")
+        return _recover(done, history, decision)
+
+    # Not marked: a new fault, perhaps one that fired and recovered between two decisions.
+    best = _strongest(marking)
+    if best is None:
+        workload = _strongest(f for f in fires if f.workload_devices)
+        if workload is not None:
+            return decision(workload, history, _workload_words(workload), workload=True)
+        observing = _strongest(fires)
+        if observing is not None:
+            return decision(observing, history, f"{_describe(observing)}; effect None: observed only")
+        return decision(None, history, f"no rule of policy {policy.name} fired "
+                        f"({len(considered)} observations since the last clear)")
+    last_clear = history.clears[-1] if history.clears else None
+    refault = [f for f in marking if last_clear is not None and f.at is not None
+               and (history.boundary is None or last_clear > history.boundary)
+               and f.at - last_clear <= policy.recovery.refault_window]
+    if refault:
+        best = _strongest(refault) or best
+        assert best.at is not None and last_clear is not None
+        history = replace(history, escalated=True, marked_since=now, rule=best.rule.name)
+        effect = _stronger(best.rule.effect, policy.recovery.escalate_to)
+        return decision(best, history, f"{_describe(best)}, {format_duration(best.at - last_clear)} after the "
+                        f"automatic recovery at {_at(last_clear)}: escalated, only a verified clear ends it: "
+                        f"{mode_words(best, effect)}", escalated=True)
+    holding = [f for f in marking if f.recovered_at is None]
+    if not holding:
+        return _recover(marking, history, decision, unseen=True)
+    best = _strongest(holding) or best
+    history = replace(history, marked_since=now, rule=best.rule.name)
+    return decision(best, history, f"{_describe(best)}; {mode_words(best, best.rule.effect)}")
+
+
+def _workload_words(fire: _Fire) -> str:
+    fault = fire.rule.workload_fault
+    assert fault is not None
+    return (f"{_describe(fire)}; seen on {fire.workload_devices} devices within "
+            f"{format_duration(fault.window)}: a workload fault, not the hardware's, nothing is marked")
+
+
+def _recover(done: Sequence[_Fire], history: History, decision: Callable[..., Decision],
+             *, unseen: bool = False) -> Decision:
+    cleared = max(f.recovered_at for f in done if f.recovered_at is not None)
+    last = _strongest(done)
+    assert last is not None
+    history = replace(history, clears=(*history.clears, cleared)[-CLEARS_MAX:], marked_since=None, rule=None)
+    how = {SOURCE_TAINT: f"the driver removed taint {last.rule.signal}",
+           SOURCE_POD: "pods reported the device Healthy for the healthy hold"}.get(last.rule.source, "recovered")
+    first = "fired and recovered between two decisions: " if unseen else ""
+    return decision(None, history, f"{first}{_describe(last)}; recovered at {_at(cleared)}: {how}",
+                    recovered=True)
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verified:
+    """A trace event: a person's `kubectl claimwarden clear --verified` of the device at the event's time."""
+
+
+@dataclass
+class DeviceState:
+    """What one device's record holds between events (in the cluster: its status and annotation)."""
+
+    observations: list[Observation] = field(default_factory=list)
+    history: History = History()
+    verified_at: datetime | None = None
+
+
+TraceEvent = tuple[datetime, DeviceRef, "Observation | Verified"]
+
+
+def fleet_of(state: Mapping[DeviceRef, DeviceState]) -> Fleet:
+    """A Fleet over the devices of a replay (or any map of device states)."""
+    def fleet(source: str, signal: str, value: str, since: datetime) -> int:
+        return sum(1 for device in state.values() if any(
+            o.source == source and o.signal == signal and o.value == value and o.state == UNHEALTHY
+            and o.at >= since for o in device.observations))
+    return fleet
+
+
+def replay(trace: Iterable[TraceEvent], router: Router, *,
+           devices: Mapping[DeviceRef, Mapping[str, Any]] | None = None,
+           state: dict[DeviceRef, DeviceState] | None = None) -> list[tuple[datetime, DeviceRef, Decision]]:
+    """Decide after every event of a trace, as the controller would; pure.
+
+    `devices`: the slice entries routing sees (a bare {"name": device} when absent). `state`: carried
+    from an earlier replay (it is updated in place), e.g. through JSON to simulate a restart.
+    """
+    state = {} if state is None else state
+    fleet = fleet_of(state)
+    decisions: list[tuple[datetime, DeviceRef, Decision]] = []
+    for at, ref, event in trace:
+        device = state.setdefault(ref, DeviceState())
+        if isinstance(event, Verified):
+            device.verified_at = at
+        else:
+            device.observations, _ = merge(device.observations, [event])
+        entry = (devices or {}).get(ref) or {"name": ref.device}
+        policy = router.route(ref.driver, ref.pool, entry)
+        decision = decide(policy, device.observations, device.history, fleet, at, verified_at=device.verified_at)
+        device.history = decision.history
+        decisions.append((at, ref, decision))
+    return decisions
+
