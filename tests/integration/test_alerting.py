@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from claimwarden import metrics
+from claimwarden import cli, metrics
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals.alerts import Alert, resolve_device
 from claimwarden.signals.observations import SOURCE_ALERT, UNHEALTHY, Observation
 from claimwarden.signals.webhook import Receiver, WebhookSettings, serve
+from claimwarden_lab.binaries import bin_dir
 from claimwarden_lab.driver import DEFAULT_MODEL, DRIVER, MODELS, device_uuid, devices
 from claimwarden_lab.processes import free_port
 
@@ -202,3 +203,37 @@ def test_an_xid_reaches_the_webhook_through_prometheus_and_alertmanager(webhook:
         assert (observation.signal, observation.value) == ("GPUXidError", "48")
         # Alertmanager re-sends groups; the first alert was still written once.
         assert len(webhook.recorder.about(allocated)) == 1
+
+
+def test_the_alerting_overlay_turns_the_webhook_on_with_its_secrets_and_service() -> None:
+    kubectl = bin_dir() / "kubectl"
+    rendered = subprocess.run([str(kubectl), "kustomize", str(MONITORING.parent / "alerting")],
+                              capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    docs = list(yaml.safe_load_all(rendered.stdout))
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [service] = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "claimwarden-webhook"]
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    args = container["args"]
+    assert "--metrics-port=9090" in args  # the base's flags are kept
+    # The flags parse, enable the webhook and point into the mounted Secrets.
+    parsed = cli._parser(None).parse_args(["run", *args])
+    settings = WebhookSettings(address=parsed.alert_webhook_address, port=parsed.alert_webhook_port,
+                               token_file=parsed.alert_token_file, tls_cert_file=parsed.alert_tls_cert_file,
+                               tls_key_file=parsed.alert_tls_key_file, client_ca_file=parsed.alert_client_ca_file)
+    assert settings.enabled and settings.tls
+    assert [p for p in settings.problems() if "is not a file" not in p] == []
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"webhook-token": "claimwarden-webhook", "webhook-tls": "claimwarden-webhook-tls"}
+    assert Path(settings.token_file or "").parent == Path(mounts["webhook-token"])
+    assert {Path(settings.tls_cert_file or "").parent, Path(settings.tls_key_file or "").parent} == {
+        Path(mounts["webhook-tls"])}
+    [port] = [p for p in container["ports"] if p["name"] == "webhook"]
+    assert port["containerPort"] == settings.port == 8443
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 8443, "targetPort": "webhook"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    # The shipped receiver posts to this Service.
+    [webhook] = claimwarden_receiver()["receiver"]["webhook_configs"]
+    assert webhook["url"] == "https://claimwarden-webhook.claimwarden-system.svc:8443/alerts"
