@@ -193,9 +193,6 @@ class Seen:
         for key in keys:
             self._keys.setdefault(key, now)
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
 
 def _answer(code: int, message: str | dict[str, int]) -> web.Response:
     if isinstance(message, dict):
@@ -229,7 +226,8 @@ class Receiver:
         site = web.TCPSite(self._runner, self.settings.address, self.settings.port, ssl_context=context)
         await site.start()
         scheme = "https" if context else "http"
-        host = "127.0.0.1" if self.settings.address in ("0.0.0.0", "") else self.settings.address
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.settings.address, self.settings.address)
+        host = f"[{host}]" if ":" in host else host
         self.url = f"{scheme}://{host}:{self.port}{PATH}"
         if context is not None:
             self._reload = asyncio.create_task(self._reload_certificate(context), name="webhook certificate")
