@@ -161,6 +161,8 @@ def device_by_uuid(uuid: str, hostname: str, slices: Iterable[Mapping[str, Any]]
             continue
         generation = _generation(slice_)
         newest[(driver, pool)] = max(newest.get((driver, pool), generation), generation)
+        if not spec.get("perDeviceNodeSelection") and spec.get("nodeName") != hostname:
+            continue  # another node's slice: its devices need not be looked at
         for device in spec.get("devices") or []:
             name = device.get("name")
             if (isinstance(name, str) and _device_node(spec, device) == hostname
