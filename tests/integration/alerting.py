@@ -178,13 +178,13 @@ class Chain:
 
 @contextmanager
 def alerting(target_url: str, token_file: Path, directory: Path | None = None, *,
-             ca_file: Path | None = None) -> Iterator[Chain]:
+             tls_config: Mapping[str, str] | None = None) -> Iterator[Chain]:
     """Exporter, Prometheus and Alertmanager, ready, posting to `target_url` with `token_file`'s token (and, for
-    an https URL, trusting `ca_file`); their configurations, data and logs in `directory` (default: a
-    temporary one)."""
+    an https URL, Alertmanager's `tls_config`: ca_file, cert_file and key_file for mTLS); their configurations,
+    data and logs in `directory` (default: a temporary one)."""
     if directory is None:
         with (tempfile.TemporaryDirectory(prefix="alerting-") as temporary,
-              alerting(target_url, token_file, Path(temporary), ca_file=ca_file) as chain):
+              alerting(target_url, token_file, Path(temporary), tls_config=tls_config) as chain):
             yield chain
         return
     prometheus_bin, alertmanager_bin = binary(PROMETHEUS, "prometheus"), binary(ALERTMANAGER, "alertmanager")
@@ -193,8 +193,8 @@ def alerting(target_url: str, token_file: Path, directory: Path | None = None, *
     route = {**shipped["route"], "group_wait": "1s", "group_interval": "1s"}
     webhook = {**shipped["receiver"]["webhook_configs"][0], "url": target_url}
     webhook["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}}
-    if ca_file is not None:
-        webhook["http_config"]["tls_config"] = {"ca_file": str(ca_file)}
+    if tls_config is not None:
+        webhook["http_config"]["tls_config"] = dict(tls_config)
     (directory / "alertmanager.yml").write_text(yaml.safe_dump({
         "route": {"receiver": "default", "routes": [route]},  # only the shipped route's matchers send to the webhook
         "receivers": [{"name": "default"}, {"name": "claimwarden", "webhook_configs": [webhook]}]}))

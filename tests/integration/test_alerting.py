@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from claimwarden.signals.observations import SOURCE_ALERT, UNHEALTHY, Observatio
 from claimwarden.signals.webhook import Receiver, WebhookSettings, serve
 from claimwarden_lab.binaries import bin_dir
 from claimwarden_lab.driver import DEFAULT_MODEL, DRIVER, MODELS, device_uuid, devices
+from claimwarden_lab.pki import write_pki
 from claimwarden_lab.processes import free_port
 
 from .alerting import MONITORING, alerting, claimwarden_receiver, gpu_rules
@@ -136,11 +138,10 @@ class Webhook:
     token_file: Path
 
 
-@pytest.fixture
-def webhook(tmp_path: Path) -> Iterator[Webhook]:
+@contextmanager
+def running(settings: WebhookSettings) -> Iterator[Webhook]:
     """The real receiver (`serve`) on an event loop of its own thread, writing to a Recorder."""
-    token_file = tmp_path / "receiver-token"
-    token_file.write_text("right-token\n")
+    assert settings.token_file is not None
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="webhook loop", daemon=True)
     thread.start()
@@ -149,15 +150,22 @@ def webhook(tmp_path: Path) -> Iterator[Webhook]:
     def resolve(alert: Alert) -> DeviceRef | None:
         return resolve_device(alert, SLICES)
 
-    settings = WebhookSettings(address="127.0.0.1", port=free_port(), token_file=str(token_file))
     receiver = asyncio.run_coroutine_threadsafe(serve(settings, recorder, resolve, lambda: True), loop).result(30)
     try:
-        yield Webhook(receiver, recorder, token_file)
+        yield Webhook(receiver, recorder, Path(settings.token_file))
     finally:
         asyncio.run_coroutine_threadsafe(receiver.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.fixture
+def webhook(tmp_path: Path) -> Iterator[Webhook]:
+    token_file = tmp_path / "receiver-token"
+    token_file.write_text("right-token\n")
+    with running(WebhookSettings(address="127.0.0.1", port=free_port(), token_file=str(token_file))) as running_:
+        yield running_
 
 
 def requests_answered(code: str) -> float:
@@ -237,3 +245,26 @@ def test_the_alerting_overlay_turns_the_webhook_on_with_its_secrets_and_service(
     # The shipped receiver posts to this Service.
     [webhook] = claimwarden_receiver()["receiver"]["webhook_configs"]
     assert webhook["url"] == "https://claimwarden-webhook.claimwarden-system.svc:8443/alerts"
+
+
+def test_alertmanager_posts_over_mtls_with_its_client_certificate(tmp_path: Path) -> None:
+    """The shipped receiver's tls_config with a client certificate, against the webhook with
+    --alert-client-ca-file and a token: both are checked, and the alert arrives."""
+    pki = tmp_path / "pki"
+    write_pki(pki)  # a CA, a serving certificate for 127.0.0.1, a client certificate
+    token_file = tmp_path / "token"
+    token_file.write_text("right-token\n")
+    settings = WebhookSettings(address="127.0.0.1", port=free_port(), token_file=str(token_file),
+                               tls_cert_file=str(pki / "apiserver.crt"), tls_key_file=str(pki / "apiserver.key"),
+                               client_ca_file=str(pki / "ca.crt"))
+    with running(settings) as hook:
+        assert hook.receiver.url.startswith("https://")
+        tls = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"), "key_file": str(pki / "admin.key")}
+        with alerting(hook.receiver.url, token_file, tmp_path / "chain", tls_config=tls) as chain:
+            chain.set_xid({"dra_driver_name": DRIVER, "dra_pool_name": NODE, "dra_device_name": "gpu-0"}, 94)
+            try:
+                [(_, observation)] = wait_for("GPUXidError over mTLS at the webhook",
+                                              lambda: hook.recorder.about(DeviceRef(DRIVER, NODE, "gpu-0")), 90)
+            except AssertionError:
+                raise AssertionError(chain.logs()) from None
+            assert observation.value == "94"
