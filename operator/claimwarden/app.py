@@ -94,7 +94,7 @@ class RunSettings:
     metrics_cache_seconds: float  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
-    webhook: WebhookSettings | None = None  # None: the Alertmanager webhook is off (no --alert-token-file or CA)
+    webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
