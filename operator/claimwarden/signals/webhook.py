@@ -294,7 +294,9 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self._authenticated(request):
-            return _answer(401, "no valid bearer token")
+            refused = _answer(401, "no valid bearer token")
+            refused.headers["WWW-Authenticate"] = 'Bearer realm="claimwarden"'
+            return refused
         if not self._leading():
             return _answer(503, "this replica is not the leader")
         try:
