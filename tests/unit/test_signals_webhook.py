@@ -150,7 +150,7 @@ def test_no_or_a_wrong_token_is_refused_with_401_and_nothing_written(tmp_path: P
             assert h.sink.calls == []
             assert count("claimwarden_webhook_requests_total", code="401") == before + 5
             async with h.session.post(h.receiver.url, data=payload(on(1, "f1"))) as response:
-                assert response.headers["WWW-Authenticate"] == 'Bearer realm="claimwarden"
+                assert response.headers["WWW-Authenticate"] == 'Bearer realm="claimwarden"'
     asyncio.run(scenario())
 
 
