@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ import pytest
 
 from claimwarden import metrics
 from claimwarden.health.records import DeviceRef
+from claimwarden.signals import webhook
 from claimwarden.signals.alerts import resolve_device
 from claimwarden.signals.observations import Observation
 from claimwarden.signals.webhook import BODY_MAX, Receiver, WebhookSettings, serve
@@ -147,6 +149,8 @@ def test_no_or_a_wrong_token_is_refused_with_401_and_nothing_written(tmp_path: P
                 assert status == 401, kwargs
             assert h.sink.calls == []
             assert count("claimwarden_webhook_requests_total", code="401") == before + 5
+            async with h.session.post(h.receiver.url, data=payload(on(1, "f1"))) as response:
+                assert response.headers["WWW-Authenticate"] == 'Bearer realm="claimwarden"'
     asyncio.run(scenario())
 
 
@@ -345,3 +349,40 @@ def test_good_settings_have_no_problems(tmp_path: Path) -> None:
     assert WebhookSettings(token_file=str(tmp_path / "token")).problems() == []
     assert WebhookSettings(tls_cert_file=str(tmp_path / "crt"), tls_key_file=str(tmp_path / "key"),
                            client_ca_file=str(tmp_path / "ca")).problems() == []
+
+
+def test_a_renewed_serving_certificate_is_loaded_without_a_restart(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook, "CERT_RELOAD_SECONDS", 0.05)
+    old, new = tmp_path / "old", tmp_path / "new"
+    write_pki(old)
+    write_pki(new)
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    for name in ("apiserver.crt", "apiserver.key"):
+        shutil.copy(old / name, serving / name)
+
+    def trusting(pki: Path) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(pki / "ca.crt"))
+
+    async def scenario() -> None:
+        async with harness(tmp_path, tls_cert_file=str(serving / "apiserver.crt"),
+                           tls_key_file=str(serving / "apiserver.key")) as h:
+            assert (await h.post(payload(on(1, "f1")), ssl=trusting(old)))[0] == 200
+            # cert-manager (or a Secret update) swaps in a certificate of another CA.
+            for name in ("apiserver.key", "apiserver.crt"):
+                shutil.copy(new / name, serving / f"{name}.tmp")
+                os.replace(serving / f"{name}.tmp", serving / name)
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                try:
+                    status, _ = await h.post(payload(on(1, "f2")), ssl=trusting(new))
+                    break
+                except aiohttp.ClientError:
+                    continue
+            else:
+                raise AssertionError("the new certificate was not served within 5 s")
+            assert status == 200
+            with pytest.raises(aiohttp.ClientError):
+                await h.post(payload(on(1, "f3")), ssl=trusting(old))
+    asyncio.run(scenario())

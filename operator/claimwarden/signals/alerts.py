@@ -6,7 +6,7 @@ Alertmanager posts a group of alerts as JSON (`version: "4"`, `alerts[]` with `s
 - a *firing* alert is an Unhealthy observation, at its `startsAt`, keyed `{fingerprint}@{startsAt}` so that
   Alertmanager's repeated notifications (every group change, every repeat_interval) are one observation;
 - a *resolved* alert is never an observation: an exporter that crashes also "resolves" its alerts, so
-  resolving is not a healthy signal (README "Device health from signals").
+  resolving is not a healthy signal (README "The Alertmanager webhook").
 
 The device comes from the alert's labels, in this order:
 
@@ -161,6 +161,8 @@ def device_by_uuid(uuid: str, hostname: str, slices: Iterable[Mapping[str, Any]]
             continue
         generation = _generation(slice_)
         newest[(driver, pool)] = max(newest.get((driver, pool), generation), generation)
+        if not spec.get("perDeviceNodeSelection") and spec.get("nodeName") != hostname:
+            continue  # another node's slice: its devices need not be looked at
         for device in spec.get("devices") or []:
             name = device.get("name")
             if (isinstance(name, str) and _device_node(spec, device) == hostname

@@ -193,9 +193,6 @@ class Seen:
         for key in keys:
             self._keys.setdefault(key, now)
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
 
 def _answer(code: int, message: str | dict[str, int]) -> web.Response:
     if isinstance(message, dict):
@@ -229,7 +226,8 @@ class Receiver:
         site = web.TCPSite(self._runner, self.settings.address, self.settings.port, ssl_context=context)
         await site.start()
         scheme = "https" if context else "http"
-        host = "127.0.0.1" if self.settings.address in ("0.0.0.0", "") else self.settings.address
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.settings.address, self.settings.address)
+        host = f"[{host}]" if ":" in host else host
         self.url = f"{scheme}://{host}:{self.port}{PATH}"
         if context is not None:
             self._reload = asyncio.create_task(self._reload_certificate(context), name="webhook certificate")
@@ -296,7 +294,9 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self._authenticated(request):
-            return _answer(401, "no valid bearer token")
+            refused = _answer(401, "no valid bearer token")
+            refused.headers["WWW-Authenticate"] = 'Bearer realm="claimwarden"'
+            return refused
         if not self._leading():
             return _answer(503, "this replica is not the leader")
         try:
