@@ -107,7 +107,7 @@ def counter_sum(text: str, name: str, *labels: str) -> float:
     """The sum of a metric's samples whose line carries every one of `labels` (like 'mode="Shadow"')."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") and all(label in line for label in labels):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(label in line for label in labels):
             total += float(line.split()[-1])
     return total
 
