@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -119,3 +121,17 @@ def run_pod(api: client.ApiClient, namespace: str, pod: str) -> tuple[str, str]:
         pod, [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]))
     wait_for(f"{pod} Running", lambda: core.read_namespaced_pod(pod, namespace).status.phase == "Running")
     return device_of(api, namespace, pod)
+
+
+def record_writes(audit_log: Path, pool: str, device: str) -> list[str]:
+    """claimwarden's writes to the device's signal record, from the lab apiserver's audit log: 'verb[/subresource]'."""
+    name, found = record_name(pool, device), []
+    for line in audit_log.read_text().splitlines():
+        entry = json.loads(line)
+        ref = entry.get("objectRef") or {}
+        if entry.get("stage", "ResponseComplete") != "ResponseComplete" or ref.get("resource") != PLURAL:
+            continue
+        if ref.get("name") == name and "claimwarden" in (entry.get("user") or {}).get("username", "") and \
+                entry.get("verb") in ("create", "patch", "update", "delete"):
+            found.append(entry["verb"] + (f"/{ref['subresource']}" if ref.get("subresource") else ""))
+    return found

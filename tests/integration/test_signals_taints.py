@@ -7,6 +7,8 @@ import time
 
 from kubernetes import client
 
+from claimwarden_lab.cluster import LabState
+
 from .health_helpers import device_of, events, holders, wait_gone
 from .helpers import wait_for
 from .operator import Operator
@@ -17,6 +19,7 @@ from .signals_helpers import (
     decision,
     delete_policy,
     delete_signal_record,
+    record_writes,
     rule,
     run_pod,
     set_taints,
@@ -33,7 +36,8 @@ def _xid(value: str) -> list[dict[str, str]]:
 
 
 def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers(
-        signals_api: client.ApiClient, signals_operator: Operator, signals_namespace: str) -> None:
+        signals_api: client.ApiClient, signals_operator: Operator, signals_namespace: str,
+        signals_lab: LabState) -> None:
     api, namespace = signals_api, signals_namespace
     pool, device = run_pod(api, namespace, "victim")
     apply_policy(api, POLICY, [rule("fatal-xid", "DriverTaint", XID, values=["79"], effect="NoExecute")],
@@ -64,6 +68,13 @@ def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers
         wait_for("the device free again", lambda: not holders(api, pool, device), 60)
         metrics = signals_operator.metrics()
         assert counter_sum(metrics, "claimwarden_signal_recoveries_total", 'source="DriverTaint"') >= 1
+        # No write loop: the signals wrote the record on each change only (created; status and spec marked; status
+        # and spec recovered), and the health controller its status a few times; a quiet record is not written.
+        time.sleep(3)
+        writes = record_writes(signals_lab.audit_log, pool, device)
+        assert writes.count("create") == 1 and writes.count("patch") <= 2, writes
+        assert len(writes) <= 12, writes
+        print(f"writes to the signal record: {len(writes)} {writes}")
     finally:
         set_taints(api, pool, device, [])
         delete_policy(api, POLICY)

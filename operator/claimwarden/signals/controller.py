@@ -65,6 +65,7 @@ class SignalsController:
         self._unwritten: dict[DeviceRef, list[Observation]] = {}
         """Observations collected but not written (no rule matched): remembered so that each is counted once."""
         self._written: dict[str, tuple[int, Body]] = {}
+        self._spec_written: dict[str, tuple[int, Body]] = {}
         """Record name -> (resourceVersion our last status write returned, that status), until the cache has it."""
         self._fleet: dict[DeviceRef, list[Observation]] = {}
         self._fleet_seeded = False
@@ -248,6 +249,7 @@ class SignalsController:
         written = self._written.get(name)
         if record is None:
             self._written.pop(name, None)
+            self._spec_written.pop(name, None)
             return status
         if written is not None:
             if resource_version(record) < written[0]:
@@ -405,8 +407,12 @@ class SignalsController:
             self._written[name] = (resource_version(result), desired)
         spec = signal_records.desired_spec(decision)
         current = record.get("spec") or {}
+        written = self._spec_written.get(name)
+        if written is not None and resource_version(record) < written[0]:
+            current = {**current, **written[1]}  # the watch has not brought our last spec patch back yet
         if any(current.get(k) != v for k, v in spec.items()):
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"spec": spec})
+            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"spec": spec})
+            self._spec_written[name] = (resource_version(result), spec)
             log.info("signal record %s: effect %s (%s)", name, decision.effect, decision.why)
 
     def _count(self, decision: decide.Decision, record: Body, status: Body) -> None:
