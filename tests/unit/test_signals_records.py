@@ -81,7 +81,8 @@ def test_a_verified_clear_in_bad_form_is_reported() -> None:
 
 
 def test_the_pod_projection_keeps_only_the_device_health_of_container_statuses() -> None:
-    health = [{"name": "claim:gpu", "resources": [{"resourceID": "gpu.example.com/node-1/gpu-0", "health": "Unhealthy"}]}]
+    health = [{"name": "claim:gpu",
+               "resources": [{"resourceID": "gpu.example.com/node-1/gpu-0", "health": "Unhealthy"}]}]
     pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "spec": {"resourceClaims": [{"name": "gpu"}]},
            "status": {"phase": "Running", "containerStatuses": [
                {"name": "a", "image": "x", "ready": True, "allocatedResourcesStatus": health},
