@@ -233,7 +233,15 @@ class SignalsController:
         if record is None:
             record = await self._create(ref, decision)
             status = {}
-        await self._write(record, status, merged, decision, moment)
+        try:
+            await self._write(record, status, merged, decision, moment)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            # Deleted meanwhile (a person, or the refault window run out): its deletion event brings the device
+            # back, and a signal still there makes a new record then.
+            log.info("device %s: record %s deleted while it was being written", ref, record["metadata"]["name"])
+            return
         self._count(decision, record, status)
         if decision.workload_fault and not (status.get("decision") or {}).get("workloadFault"):
             await self._workload_fault(record, ref, decision)
