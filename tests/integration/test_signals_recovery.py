@@ -128,3 +128,22 @@ def test_a_flap_escalates_and_only_a_verified_clear_recovers_it(
         _untaint(device)
         delete_policy(signals_api, POLICY)
         delete_signal_record(signals_api, POOL, device)
+
+
+def test_a_recovered_record_is_deleted_after_the_refault_window(signals_api: client.ApiClient,
+                                                                signals_operator: Operator) -> None:
+    device = "gpu-3"
+    apply_policy(signals_api, POLICY, [rule("xid", "DriverTaint", XID, effect="NoSchedule")],
+                 recovery={"healthyHold": "5s", "refaultWindow": "8s", "escalateTo": "NoExecute"})
+    try:
+        _taint(device, "79")
+        _effect(device, "NoSchedule")
+        _untaint(device)
+        recovered = _effect(device, "None")
+        assert recovered["status"]["recovery"]["clears"]
+        wait_for("the recovered record deleted after refaultWindow",
+                 lambda: signal_record(signals_api, POOL, device) is None, 60)
+    finally:
+        _untaint(device)
+        delete_policy(signals_api, POLICY)
+        delete_signal_record(signals_api, POOL, device)
