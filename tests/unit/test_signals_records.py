@@ -103,3 +103,17 @@ def test_the_slice_projection_keeps_taints_attributes_and_the_pool_count() -> No
     assert projected["spec"]["pool"]["resourceSliceCount"] == 1
     assert projected["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-1"}},
                                              "taints": [taint]}]
+
+
+def test_a_persons_mark_never_takes_over_the_signal_record() -> None:
+    from claimwarden.plugin.marking import plan_mark
+    from claimwarden.plugin.snapshot import Snapshot
+
+    signal = signal_records.record_body(REF, {"effect": "None", "reason": "shadow", "drain": "Immediate"})
+    snapshot = Snapshot(records=[signal])
+    planned = plan_mark(snapshot, REF, reason="ECC", effect="NoExecute", expires_at=None)
+    assert planned.create is not None and planned.create["metadata"]["name"] == record_name(REF)
+    manual = planned.create
+    both = Snapshot(records=[signal, manual])
+    assert both.records_by_device[(REF.driver, REF.pool, REF.device)] is manual
+    assert Snapshot(records=[manual, signal]).records_by_device[(REF.driver, REF.pool, REF.device)] is manual

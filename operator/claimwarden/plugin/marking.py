@@ -77,7 +77,9 @@ def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, e
     if expires_at:
         spec["expiresAt"] = expires_at
     existing = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
-    if existing is None:
+    from claimwarden.signals.records import is_signal_record
+
+    if existing is None or is_signal_record(existing):  # the signals' record is theirs: a person's mark is apart
         return MarkPlan(create={"apiVersion": records.API_VERSION, "kind": records.KIND,
                                 "metadata": {"name": records.record_name(ref)}, "spec": spec})
     if records.is_from_annotation(existing):
