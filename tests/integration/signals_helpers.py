@@ -58,6 +58,12 @@ def signal_record(api: client.ApiClient, pool: str, device: str) -> dict[str, An
     return found
 
 
+def observed_record(api: client.ApiClient, pool: str, device: str) -> dict[str, Any]:
+    """The device's signal record once its status holds observations (created first, its status written next)."""
+    return wait_for("the signal record with its observations", lambda: (
+        r if (r := signal_record(api, pool, device)) and (r.get("status") or {}).get("observations") else None))
+
+
 def delete_signal_record(api: client.ApiClient, pool: str, device: str) -> None:
     try:
         client.CustomObjectsApi(api).delete_cluster_custom_object(GROUP, VERSION, PLURAL, record_name(pool, device))

@@ -19,6 +19,7 @@ from claimwarden_lab.processes import free_port
 from .alerting import alerting
 from .conftest import service_account_kubeconfig
 from .health_helpers import events, wait_gone
+from .helpers import wait_for
 from .operator import Operator
 from .signals_helpers import (
     DRIVER,
@@ -27,6 +28,7 @@ from .signals_helpers import (
     decision,
     delete_policy,
     delete_signal_record,
+    observed_record,
     rule,
     run_pod,
     signal_record,
@@ -81,8 +83,9 @@ def test_an_xid_alert_evicts_the_pod_and_a_wrong_token_writes_nothing(
             except AssertionError:
                 raise AssertionError(f"firing: {chain.firing()}\n{chain.logs()}\n{operator.log_tail()}") from None
             print(f"XID series set -> pod evicted: {time.monotonic() - started:.1f} s")
-            assert events(api, namespace, "xid-victim", "EvictedUnhealthyDevice")
-            record = signal_record(api, pool, device)
+            wait_for("the eviction's Event on xid-victim",
+                     lambda: events(api, namespace, "xid-victim", "EvictedUnhealthyDevice"))
+            record = observed_record(api, pool, device)
             assert record is not None and decision(record)["rule"] == "fatal-xid", record
             [observed] = record["status"]["observations"]
             assert (observed["source"], observed["signal"], observed["value"]) == ("Alertmanager", "GPUXidError", "79")

@@ -17,6 +17,7 @@ from .signals_helpers import (
     decision,
     delete_policy,
     delete_signal_record,
+    observed_record,
     rule,
     run_pod,
     set_pod_health,
@@ -41,8 +42,8 @@ def test_unhealthy_evicts_and_unknown_is_only_counted(
                  f'claimwarden_signal_unknown_total{{driver="{DRIVER}"}}') > unknown_before)
         set_pod_health(api, namespace, "sick", other_pool, other, "Unhealthy")
         wait_gone(api, namespace, "sick", 60)
-        assert events(api, namespace, "sick", "EvictedUnhealthyDevice")
-        record = wait_for("the record", lambda: signal_record(api, other_pool, other))
+        wait_for("the eviction's Event on sick", lambda: events(api, namespace, "sick", "EvictedUnhealthyDevice"))
+        record = observed_record(api, other_pool, other)
         assert decision(record)["rule"] == "kubelet-unhealthy" and record["spec"]["effect"] == "NoExecute"
         # Unknown: the signal was lost; nothing marks the device or evicts its pod.
         time.sleep(2)

@@ -53,7 +53,8 @@ def _api(signals_api: client.ApiClient) -> None:
 
 def _effect(device: str, effect: str) -> dict:
     return wait_for(f"{device} effect {effect}", lambda: (
-        r if (r := signal_record(_API[0], POOL, device)) and r["spec"]["effect"] == effect else None), 60)
+        r if (r := signal_record(_API[0], POOL, device)) and r["spec"]["effect"] == effect
+        and (r.get("status") or {}).get("observations") else None), 60)
 
 
 def test_threshold_counts_two_and_the_same_signal_on_three_devices_is_a_workload_fault(

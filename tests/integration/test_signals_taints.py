@@ -19,6 +19,7 @@ from .signals_helpers import (
     decision,
     delete_policy,
     delete_signal_record,
+    observed_record,
     record_writes,
     rule,
     run_pod,
@@ -47,8 +48,9 @@ def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers
         set_taints(api, pool, device, _xid("79"))
         wait_gone(api, namespace, "victim", 60)
         evicted_after = time.monotonic() - started
-        assert events(api, namespace, "victim", "EvictedUnhealthyDevice"), "evicted through the Eviction API"
-        record = wait_for("the signal record", lambda: signal_record(api, pool, device))
+        wait_for("the eviction's Event on victim (the Eviction API)",
+                 lambda: events(api, namespace, "victim", "EvictedUnhealthyDevice"))
+        record = observed_record(api, pool, device)
         assert record["spec"]["source"] == "signals" and record["spec"]["effect"] == "NoExecute"
         assert decision(record)["rule"] == "fatal-xid" and decision(record)["mode"] == "Enforce", record["status"]
         [observed] = record["status"]["observations"]

@@ -66,6 +66,8 @@ class SignalsController:
         """Observations collected but not written (no rule matched): remembered so that each is counted once."""
         self._written: dict[str, tuple[int, Body]] = {}
         self._spec_written: dict[str, tuple[int, Body]] = {}
+        self._created: dict[str, Body] = {}
+        """Record name -> the record as created here, until the cache has it."""
         """Record name -> (resourceVersion our last status write returned, that status), until the cache has it."""
         self._fleet: dict[DeviceRef, list[Observation]] = {}
         self._fleet_seeded = False
@@ -195,7 +197,7 @@ class SignalsController:
         self._seed_fleet()
         moment = now()
         name = signal_records.signal_record_name(ref)
-        record = self.cache.record(name)
+        record = self._record(name)
         status = self._status_of(name, record)
         written = signal_records.record_observations({"status": status}) if record is not None else []
         remembered = self._unwritten.get(ref, [])
@@ -241,6 +243,7 @@ class SignalsController:
             # Deleted meanwhile (a person, or the refault window run out): its deletion event brings the device
             # back, and a signal still there makes a new record then.
             log.info("device %s: record %s deleted while it was being written", ref, record["metadata"]["name"])
+            self._created.pop(record["metadata"]["name"], None)
             return
         self._count(decision, record, status)
         if decision.workload_fault and not (status.get("decision") or {}).get("workloadFault"):
@@ -250,6 +253,15 @@ class SignalsController:
         delay = _next_look(merged, decision, device_policy, moment)
         if delay is not None:
             self.queue.add_after(ref, delay)
+
+    def _record(self, name: str) -> Body | None:
+        """The record from the cache, or the one created here that the watch has not brought yet (without it, a
+        second signal meanwhile tried to create it again: a 409 and a retry per device in a burst)."""
+        cached = self.cache.record(name)
+        if cached is not None:
+            self._created.pop(name, None)
+            return cached
+        return self._created.get(name)
 
     def _status_of(self, name: str, record: Body | None) -> Body:
         """The record's status, or what we last wrote while the watch has not brought it back."""
@@ -403,6 +415,7 @@ class SignalsController:
                 raise Retry(f"record {body['metadata']['name']} exists but is not in the cache yet") from exc
             raise
         log.info("device %s: signal record %s created: %s", ref, body["metadata"]["name"], decision.why)
+        self._created[body["metadata"]["name"]] = created
         return created
 
     async def _write(self, record: Body, status: Body, merged: Sequence[Observation], decision: decide.Decision,
@@ -469,6 +482,7 @@ class SignalsController:
             if not exc.conflict:
                 raise
             raise Retry(f"record {meta['name']} changed since it was read") from exc
+        self._created.pop(meta["name"], None)
         ref = records.record_ref(record)
         if ref is not None:
             self._fleet.pop(ref, None)
