@@ -114,6 +114,14 @@ def test_a_flap_escalates_and_only_a_verified_clear_recovers_it(
         assert signal_record(signals_api, POOL, device)["spec"]["effect"] == "NoExecute", "only a person clears it"
         assert counter_sum(signals_operator.metrics(), "claimwarden_signal_escalations_total") > escalations_before
 
+        # A verified-at in the future is reported and ignored.
+        client.CustomObjectsApi(signals_api).patch_cluster_custom_object(
+            "claimwarden.io", "v1alpha1", "unhealthydevices", record_name(POOL, device),
+            {"metadata": {"annotations": {"claimwarden.io/verified-at": "2099-01-01T00:00:00Z"}}})
+        wait_for("the InvalidVerifiedClear Event", lambda: events(signals_api, "default", record_name(POOL, device),
+                                                                  "InvalidVerifiedClear"))
+        assert signal_record(signals_api, POOL, device)["spec"]["effect"] == "NoExecute"
+
         ref = f"{DRIVER}/{POOL}/{device}"
         kubeconfig = str(signals_lab.kubeconfig)
         assert plugin(["clear", ref, "--kubeconfig", kubeconfig]) == EXIT_INPUT
