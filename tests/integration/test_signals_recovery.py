@@ -156,3 +156,37 @@ def test_a_recovered_record_is_deleted_after_the_refault_window(signals_api: cli
         _untaint(device)
         delete_policy(signals_api, POLICY)
         delete_signal_record(signals_api, POOL, device)
+
+
+def test_a_node_condition_marks_every_device_of_its_node_and_never_recovers_by_itself(
+        signals_api: client.ApiClient, signals_operator: Operator) -> None:
+    core = client.CoreV1Api(signals_api)
+    condition = {"type": "GPUProblem", "status": "True", "reason": "NPD", "message": "ECC storm",
+                 "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    apply_policy(signals_api, POLICY, [rule("npd", "NodeCondition", "GPUProblem", values=["True"],
+                                            effect="NoSchedule")])
+    devices = [f"gpu-{i}" for i in range(8)]
+    try:
+        core.patch_node_status(POOL, {"status": {"conditions": [condition]}})
+        for device in devices:
+            marked = _effect(device, "NoSchedule")
+            [observed] = marked["status"]["observations"]
+            assert (observed["source"], observed["signal"], observed["value"]) == ("NodeCondition", "GPUProblem",
+                                                                                   "True")
+        # The condition going away is not recovery (Node Problem Detector restarting drops it too).
+        _drop_condition(core, "GPUProblem")
+        time.sleep(3)
+        assert all(signal_record(signals_api, POOL, d)["spec"]["effect"] == "NoSchedule" for d in devices)
+    finally:
+        _drop_condition(core, "GPUProblem")
+        delete_policy(signals_api, POLICY)
+        for device in devices:
+            delete_signal_record(signals_api, POOL, device)
+
+
+def _drop_condition(core: client.CoreV1Api, kind: str) -> None:
+    node = core.read_node_status(POOL)
+    kept = [c for c in node.status.conditions or [] if c.type != kind]
+    if len(kept) != len(node.status.conditions or []):
+        core.patch_node_status(POOL, [{"op": "replace", "path": "/status/conditions",
+                                       "value": [core.api_client.sanitize_for_serialization(c) for c in kept]}])
