@@ -324,7 +324,48 @@ def test_a_shadow_mark_escalates_only_in_words() -> None:
     seen = [taint(T0), removed(minutes(5)), taint(minutes(10), "48")]
     recovered = run(p, seen[:2], minutes(5), run(p, seen[:1], T0).history)
     decision = run(p, seen, minutes(10), recovered.history)
-    assert (decision.effect, decision.would, decision.escalated) == ("None", "NoExecute", True)
+    assert (decision.effect, decision.would, decision.escalated) == ("None", "NoExecute", False)
+    assert "Shadow: would escalate" in decision.why
+
+
+def test_a_shadow_marks_recovery_does_not_escalate_an_enforced_rule() -> None:
+    """Review finding: a Shadow PodStatus mark's recovery was a clear for every rule, so an Enforce
+    NoSchedule taint rule firing soon after became NoExecute."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"),
+               rule("xid", effect="NoSchedule"), hold=5)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY)]
+    shadowed = run(p, seen[:1], T0)
+    assert (shadowed.effect, shadowed.would, shadowed.rule) == ("None", "NoExecute", "pod")
+    recovered = run(p, seen, minutes(7), shadowed.history)
+    assert recovered.recovered and recovered.history.clears == ()
+    assert recovered.history.shadow_clears == (minutes(6),)
+    seen.append(taint(minutes(10)))
+    decision = run(p, seen, minutes(10), recovered.history)
+    assert (decision.effect, decision.escalated, decision.rule) == ("NoSchedule", False, "xid")
+    assert not decision.history.escalated
+
+
+def test_a_shadow_marks_recovery_is_no_floor_for_an_enforced_rule() -> None:
+    """An Enforce rule counts the observations before a Shadow mark's recovery (2 taints in 10m: one before)."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"),
+               rule("xid", count=2, effect="NoSchedule"), hold=1)
+    seen = [pod(T0, obs.UNHEALTHY), taint(minutes(0.5)), pod(minutes(1), obs.HEALTHY)]
+    recovered = run(p, seen, minutes(3), run(p, seen[:2], minutes(0.5)).history)
+    assert recovered.history.shadow_clears == (minutes(2),)
+    seen.append(taint(minutes(4), "48"))
+    assert run(p, seen, minutes(4), recovered.history).effect == "NoSchedule"
+
+
+def test_shadow_clears_still_floor_and_escalate_shadow_rules_in_words() -> None:
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow",
+                    effect="NoSchedule"), hold=1)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY)]
+    recovered = run(p, seen, minutes(3), run(p, seen[:1], T0).history)
+    assert run(p, seen, minutes(4), recovered.history).rule is None  # its own clear is its floor
+    seen.append(pod(minutes(5), obs.UNHEALTHY))
+    again = run(p, seen, minutes(5), recovered.history)
+    assert (again.effect, again.would, again.escalated, again.history.escalated) == ("None", "NoExecute", False, False)
+    assert "Shadow: would escalate" in again.why
 
 
 def test_a_fault_that_fired_and_recovered_between_two_decisions_counts_as_a_recovery() -> None:
