@@ -37,6 +37,16 @@ always recovers and becomes the history's boundary: no observation at or before 
 Enforce rule's fault that fires within ``recovery.refaultWindow`` of the last automatic recovery of an
 Enforce mark escalates: the effect becomes at least ``recovery.escalateTo``, and only a verified clear
 ends the mark. A device that flaps every 5 minutes is thus released once, then held.
+
+**Orphaned marks.** Routing changing proves nothing about the device: when the policy or the rule that
+made the current mark is gone (a policy edited or deleted, its DeviceClass deleted, a CEL error, another
+policy routed), the mark keeps its last effect (``History.held_effect``, status.recovery.effect) and
+``Decision.orphaned`` is set, until a verified clear; an Enforce rule of the policy now routed that marks
+at least as strongly takes the mark over (and its own recovery then ends it). A Shadow mark holds nothing.
+
+**What the controller must pass.** All observations of the device that the record keeps, including the
+Healthy and Unknown PodStatus observations of a device whose mark a PodStatus rule holds, whatever that
+rule's ``values``: the healthy hold restarts on Unknown and on Unhealthy, and ends only on Healthy.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ class History:
     escalated: bool = False
     marked_since: datetime | None = None   # when the current mark began; None: not marked
     rule: str | None = None                # the rule holding the current mark
+    held_effect: str | None = None         # the current mark's effect (JSON "effect"): held when its rule is gone
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,9 @@ class Decision:
     history: History       # what to store next
     recheck_at: datetime | None = None
     """When the decision may change with no new observation (a PodStatus healthy hold ending): decide again then."""
+    orphaned: bool = False
+    """The policy or rule that made the current mark is gone (policy edited or deleted, another policy
+    routed, a CEL error, no policy at all): the mark holds its last effect until a verified clear."""
 
 
 # --- JSON (status.recovery, status.decision) ----------------------------------------------------
@@ -101,6 +115,8 @@ def history_to_json(history: History) -> dict[str, Any]:
         body["markedSince"] = format_at(history.marked_since)
     if history.rule is not None:
         body["rule"] = history.rule
+    if history.held_effect is not None:
+        body["effect"] = history.held_effect
     return body
 
 
@@ -108,12 +124,13 @@ def history_from_json(body: object) -> History:
     """The history stored in status.recovery; what is malformed is left out (an empty history for none)."""
     if not isinstance(body, Mapping):
         return History()
-    rule = body.get("rule")
+    rule, effect = body.get("rule"), body.get("effect")
     marked_since = parse_rfc3339(body.get("markedSince"))
     return History(boundary=parse_rfc3339(body.get("boundary")), clears=_times(body.get("clears")),
                    shadow_clears=_times(body.get("shadowClears")),
                    escalated=body.get("escalated") is True, marked_since=marked_since,
-                   rule=rule if isinstance(rule, str) and rule and marked_since is not None else None)
+                   rule=rule if isinstance(rule, str) and rule and marked_since is not None else None,
+                   held_effect=effect if effect in STRENGTH and marked_since is not None else None)
 
 
 def _times(entries: object) -> tuple[datetime, ...]:
@@ -263,7 +280,13 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
             and (history.boundary is None or verified_at > history.boundary)):
         recovered = history.marked_since is not None
         verified_note = f"verified healthy at {_at(verified_at)}; "
-        history = replace(history, boundary=verified_at, escalated=False, marked_since=None, rule=None)
+        history = replace(history, boundary=verified_at, escalated=False, marked_since=None, rule=None,
+                          held_effect=None)
+    if history.marked_since is not None and (policy is None or policy.rule(history.rule) is None):
+        orphan = _orphaned(policy, observations, history, fleet, now)
+        if orphan is not None:
+            return orphan
+        history = replace(history, marked_since=None, rule=None, held_effect=None)
     if policy is None:
         return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=None, rule=None, mode="",
                         why=_why(verified_note + "no HealthPolicy applies to this device: its observations are "
@@ -291,6 +314,7 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
                  recovered: bool = recovered, workload: bool = False) -> Decision:
         assert policy is not None
         if fire is None:
+            history = replace(history, marked_since=None, rule=None, held_effect=None)
             return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=policy.name, rule=None, mode="",
                             why=_why(verified_note + why), escalated=False, recovered=recovered,
                             workload_fault=False, drain=None, history=history, recheck_at=recheck)
@@ -299,6 +323,7 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         effect = would if rule.mode == MODE_ENFORCE and not workload else EFFECT_NONE
         if workload:
             would = EFFECT_NONE
+        history = replace(history, held_effect=effect if history.marked_since is not None else None)
         # Decision.escalated: the effect escalated; a Shadow rule's escalation is only in `would` and words.
         return Decision(effect=effect, would=would, policy=policy.name, rule=rule.name, mode=rule.mode,
                         why=_why(verified_note + why), escalated=escalated and rule.mode == MODE_ENFORCE,
@@ -309,16 +334,6 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         return f"{effect}" if fire.rule.mode == MODE_ENFORCE else f"Shadow: would {effect}, does nothing"
 
     marking = [f for f in fires if f.marks]
-    if history.marked_since is not None and history.rule is not None and held is None:
-        # The rule that made the mark is gone from the policy (edited, or another policy now applies).
-        if history.escalated:
-            gone = _Fire(Rule(name=history.rule, source="", signal="", effect=policy.recovery.escalate_to,
-                              mode=MODE_ENFORCE), len(policy.rules), None, 0, "", None)
-            return decision(gone, history, f"rule {history.rule} is no longer in policy {policy.name}; its "
-                            f"escalated mark holds until a verified clear: {policy.recovery.escalate_to}",
-                            escalated=True)
-        history = replace(history, marked_since=None, rule=None)
-
     if history.marked_since is not None and not history.escalated:
         held_fire = next((f for f in marking if f.rule.name == history.rule), None)
         if held_fire is not None and held_fire.recovered_at is not None:
@@ -406,7 +421,35 @@ def _cleared(history: History, fire: _Fire) -> History:
         history = replace(history, clears=(*history.clears, at)[-CLEARS_MAX:])
     else:
         history = replace(history, shadow_clears=(*history.shadow_clears, at)[-CLEARS_MAX:])
-    return replace(history, marked_since=None, rule=None)
+    return replace(history, marked_since=None, rule=None, held_effect=None)
+
+
+def _orphaned(policy: Policy | None, observations: Sequence[Observation], history: History, fleet: Fleet,
+              now: datetime) -> Decision | None:
+    """The decision for a mark whose policy or rule is gone (None: nothing to hold, decide as usual).
+
+    Routing changing (a policy edited or deleted, a DeviceClass gone, a CEL error) is no sign that the
+    device is well: the mark keeps its last effect until a verified clear. An Enforce rule of the policy
+    that applies now and marks at least as strongly takes the mark over (its own recovery then ends it).
+    """
+    held = history.held_effect
+    if held is None:  # a record written before the effect was kept
+        held = (policy.recovery.escalate_to if policy else "NoExecute") if history.escalated else EFFECT_NONE
+    if held == EFFECT_NONE:
+        return None  # a Shadow mark: nothing is held
+    if policy is not None:
+        fresh = decide(policy, observations, replace(history, marked_since=None, rule=None, held_effect=None),
+                       fleet, now)
+        if (fresh.history.marked_since is not None and fresh.mode == MODE_ENFORCE
+                and STRENGTH[fresh.effect] >= STRENGTH[held]):
+            return replace(fresh, why=_why(f"{fresh.why} (takes over the mark of rule {history.rule})"),
+                           history=replace(fresh.history, marked_since=history.marked_since))
+    where = f"policy {policy.name} has no rule {history.rule}" if policy else "no HealthPolicy applies to this device"
+    return Decision(effect=held, would=held, policy=policy.name if policy else None, rule=history.rule,
+                    mode=MODE_ENFORCE, why=_why(f"{where}: the policy/rule that made this mark is gone; the mark "
+                                                f"holds ({held}) until a verified clear"),
+                    escalated=history.escalated, recovered=False, workload_fault=False, drain=None,
+                    history=replace(history, held_effect=held), orphaned=True)
 
 
 def _latest(*moments: datetime | None) -> datetime | None:
