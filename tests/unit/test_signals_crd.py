@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cel_expr_python import cel
 
 from claimwarden.health.records import EFFECTS
 from claimwarden.signals import observations as obs
@@ -103,6 +104,24 @@ def test_the_crd_reads_durations_like_parse_duration(spec: dict[str, Any], text:
     assert len(patterns) == 1, patterns  # one grammar everywhere
     accepted = bool(re.match(patterns.pop(), text)) and text != ""
     assert accepted == (hp.parse_duration(text) is not None)
+
+
+@pytest.mark.parametrize(("fields", "valid"), [
+    ({"source": "NodeCondition"}, False),
+    ({"source": "NodeCondition", "values": []}, False),
+    ({"source": "NodeCondition", "values": ["True"]}, True),
+    ({"source": "DriverTaint", "signal": "gpu.nvidia.com/xid"}, True),
+])
+def test_the_crd_requires_values_on_node_condition_rules(rule: dict[str, Any], fields: dict[str, Any],
+                                                         valid: bool) -> None:
+    """The rule's CEL validations, run in a CEL engine, agree with parse_policy (NPD reports False when healthy)."""
+    checks = [c["rule"] for c in rule["x-kubernetes-validations"] if "NodeCondition" in c["rule"]]
+    assert checks
+    env = cel.NewEnv(variables={"self": cel.Type.DYN})
+    item = {"name": "a", "signal": "GPUProblem", "effect": "NoSchedule", **fields}
+    assert all(env.compile(check).eval(data={"self": item}).value() for check in checks) == valid
+    _, errors = hp.parse_policy({"metadata": {"name": "p"}, "spec": {"rules": [item]}})
+    assert (errors == []) == valid, errors
 
 
 @pytest.mark.parametrize("name", ["nvidia-gpu", "gpu-example"])
