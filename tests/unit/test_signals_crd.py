@@ -62,7 +62,12 @@ def test_enums_and_limits_match_the_parser(spec: dict[str, Any], rule: dict[str,
     assert props["mode"]["default"] == hp.MODE_SHADOW
     assert spec["properties"]["rules"]["maxItems"] == hp.RULES_MAX
     assert props["values"]["maxItems"] == hp.VALUES_MAX
-    assert props["signal"]["maxLength"] == obs.SIGNAL_MAX
+    assert props["signal"]["maxLength"] == obs.SIGNAL_MAX == 317  # a taint key: qualified name, 253 + '/' + 63
+    records = yaml.safe_load((ROOT / "crds" / "unhealthydevices.claimwarden.io.yaml").read_text())
+    status = records["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    observation = status["observations"]["items"]["properties"]
+    assert observation["signal"]["maxLength"] == obs.SIGNAL_MAX
+    assert observation["value"]["maxLength"] == obs.VALUE_MAX and observation["key"]["maxLength"] == obs.KEY_MAX
     assert props["values"]["items"]["maxLength"] == obs.VALUE_MAX
     priority = spec["properties"]["priority"]
     assert (priority["minimum"], priority["maximum"]) == (hp.PRIORITY_MIN, hp.PRIORITY_MAX)

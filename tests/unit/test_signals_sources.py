@@ -166,6 +166,16 @@ def test_a_taint_back_after_its_removal_is_new_again() -> None:
     assert [(o.state, o.at) for o in back] == [(UNHEALTHY, back_at)]
 
 
+def test_the_longest_taint_key_is_kept_whole_and_never_looks_removed() -> None:
+    """A taint key is a qualified name: a 253-character DNS prefix, '/', a 63-character name (317)."""
+    key = ".".join(["a" * 63] * 3 + ["b" * 61]) + "/" + "x" * 63
+    assert len(key) == 317
+    first = taints.taint_observations(REF, [taint(key, "79")], [], NOW)
+    stored = [o for o in map(from_json, map(to_json, first)) if o is not None]
+    assert [o.signal for o in stored] == [key]
+    assert taints.taint_observations(REF, [taint(key, "79")], stored, NOW + timedelta(minutes=1)) == []
+
+
 def test_duplicate_taints_in_one_device_count_once() -> None:
     xid = taint("gpu.nvidia.com/xid", "79")
     assert len(taints.taint_observations(REF, [xid, dict(xid)], [], NOW)) == 1
