@@ -231,6 +231,21 @@ def test_unknown_restarts_the_healthy_hold() -> None:
     assert run(p, seen, minutes(9), marked.history).recovered
 
 
+def test_unknown_ends_a_healthy_hold_whatever_the_rules_values() -> None:
+    """The shipped rules list values ["Unhealthy"]; the hold still reads every PodStatus observation the
+    controller passes: after Unknown (the signal lost) nothing recovers until Healthy again for the hold."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",),
+                    effect="NoSchedule"), hold=5)
+    marked = run(p, [pod(T0, obs.UNHEALTHY)], T0)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY), pod(minutes(3), obs.UNKNOWN)]
+    lost = run(p, seen, minutes(20), marked.history)
+    assert (lost.effect, lost.recovered, lost.recheck_at) == ("NoSchedule", False, None)
+    seen.append(pod(minutes(21), obs.HEALTHY))
+    waiting = run(p, seen, minutes(22), marked.history)
+    assert (waiting.effect, waiting.recheck_at) == ("NoSchedule", minutes(26))
+    assert run(p, seen, minutes(26), marked.history).recovered
+
+
 def test_unknown_alone_never_marks() -> None:
     p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus"))
     assert run(p, [pod(T0, obs.UNKNOWN)], T0).effect == "None"
