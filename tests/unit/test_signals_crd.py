@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cel_expr_python import cel
 
 from claimwarden.health.records import EFFECTS
 from claimwarden.signals import observations as obs
@@ -61,7 +62,12 @@ def test_enums_and_limits_match_the_parser(spec: dict[str, Any], rule: dict[str,
     assert props["mode"]["default"] == hp.MODE_SHADOW
     assert spec["properties"]["rules"]["maxItems"] == hp.RULES_MAX
     assert props["values"]["maxItems"] == hp.VALUES_MAX
-    assert props["signal"]["maxLength"] == obs.SIGNAL_MAX
+    assert props["signal"]["maxLength"] == obs.SIGNAL_MAX == 317  # a taint key: qualified name, 253 + '/' + 63
+    records = yaml.safe_load((ROOT / "crds" / "unhealthydevices.claimwarden.io.yaml").read_text())
+    status = records["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    observation = status["observations"]["items"]["properties"]
+    assert observation["signal"]["maxLength"] == obs.SIGNAL_MAX
+    assert observation["value"]["maxLength"] == obs.VALUE_MAX and observation["key"]["maxLength"] == obs.KEY_MAX
     assert props["values"]["items"]["maxLength"] == obs.VALUE_MAX
     priority = spec["properties"]["priority"]
     assert (priority["minimum"], priority["maximum"]) == (hp.PRIORITY_MIN, hp.PRIORITY_MAX)
@@ -103,6 +109,24 @@ def test_the_crd_reads_durations_like_parse_duration(spec: dict[str, Any], text:
     assert len(patterns) == 1, patterns  # one grammar everywhere
     accepted = bool(re.match(patterns.pop(), text)) and text != ""
     assert accepted == (hp.parse_duration(text) is not None)
+
+
+@pytest.mark.parametrize(("fields", "valid"), [
+    ({"source": "NodeCondition"}, False),
+    ({"source": "NodeCondition", "values": []}, False),
+    ({"source": "NodeCondition", "values": ["True"]}, True),
+    ({"source": "DriverTaint", "signal": "gpu.nvidia.com/xid"}, True),
+])
+def test_the_crd_requires_values_on_node_condition_rules(rule: dict[str, Any], fields: dict[str, Any],
+                                                         valid: bool) -> None:
+    """The rule's CEL validations, run in a CEL engine, agree with parse_policy (NPD reports False when healthy)."""
+    checks = [c["rule"] for c in rule["x-kubernetes-validations"] if "NodeCondition" in c["rule"]]
+    assert checks
+    env = cel.NewEnv(variables={"self": cel.Type.DYN})
+    item = {"name": "a", "signal": "GPUProblem", "effect": "NoSchedule", **fields}
+    assert all(env.compile(check).eval(data={"self": item}).value() for check in checks) == valid
+    _, errors = hp.parse_policy({"metadata": {"name": "p"}, "spec": {"rules": [item]}})
+    assert (errors == []) == valid, errors
 
 
 @pytest.mark.parametrize("name", ["nvidia-gpu", "gpu-example"])

@@ -90,7 +90,7 @@ def test_one_fatal_taint_marks_with_the_rules_effect() -> None:
     assert (decision.effect, decision.would, decision.rule, decision.mode) == ("NoExecute", "NoExecute", "xid",
                                                                                "Enforce")
     assert decision.drain == "AllowCompletion"
-    assert decision.history == History(marked_since=minutes(1), rule="xid")
+    assert decision.history == History(marked_since=minutes(1), rule="xid", held_effect="NoExecute")
     assert "rule xid" in decision.why and "79" in decision.why
 
 
@@ -231,6 +231,21 @@ def test_unknown_restarts_the_healthy_hold() -> None:
     assert run(p, seen, minutes(9), marked.history).recovered
 
 
+def test_unknown_ends_a_healthy_hold_whatever_the_rules_values() -> None:
+    """The shipped rules list values ["Unhealthy"]; the hold still reads every PodStatus observation the
+    controller passes: after Unknown (the signal lost) nothing recovers until Healthy again for the hold."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",),
+                    effect="NoSchedule"), hold=5)
+    marked = run(p, [pod(T0, obs.UNHEALTHY)], T0)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY), pod(minutes(3), obs.UNKNOWN)]
+    lost = run(p, seen, minutes(20), marked.history)
+    assert (lost.effect, lost.recovered, lost.recheck_at) == ("NoSchedule", False, None)
+    seen.append(pod(minutes(21), obs.HEALTHY))
+    waiting = run(p, seen, minutes(22), marked.history)
+    assert (waiting.effect, waiting.recheck_at) == ("NoSchedule", minutes(26))
+    assert run(p, seen, minutes(26), marked.history).recovered
+
+
 def test_unknown_alone_never_marks() -> None:
     p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus"))
     assert run(p, [pod(T0, obs.UNKNOWN)], T0).effect == "None"
@@ -324,7 +339,48 @@ def test_a_shadow_mark_escalates_only_in_words() -> None:
     seen = [taint(T0), removed(minutes(5)), taint(minutes(10), "48")]
     recovered = run(p, seen[:2], minutes(5), run(p, seen[:1], T0).history)
     decision = run(p, seen, minutes(10), recovered.history)
-    assert (decision.effect, decision.would, decision.escalated) == ("None", "NoExecute", True)
+    assert (decision.effect, decision.would, decision.escalated) == ("None", "NoExecute", False)
+    assert "Shadow: would escalate" in decision.why
+
+
+def test_a_shadow_marks_recovery_does_not_escalate_an_enforced_rule() -> None:
+    """Review finding: a Shadow PodStatus mark's recovery was a clear for every rule, so an Enforce
+    NoSchedule taint rule firing soon after became NoExecute."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"),
+               rule("xid", effect="NoSchedule"), hold=5)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY)]
+    shadowed = run(p, seen[:1], T0)
+    assert (shadowed.effect, shadowed.would, shadowed.rule) == ("None", "NoExecute", "pod")
+    recovered = run(p, seen, minutes(7), shadowed.history)
+    assert recovered.recovered and recovered.history.clears == ()
+    assert recovered.history.shadow_clears == (minutes(6),)
+    seen.append(taint(minutes(10)))
+    decision = run(p, seen, minutes(10), recovered.history)
+    assert (decision.effect, decision.escalated, decision.rule) == ("NoSchedule", False, "xid")
+    assert not decision.history.escalated
+
+
+def test_a_shadow_marks_recovery_is_no_floor_for_an_enforced_rule() -> None:
+    """An Enforce rule counts the observations before a Shadow mark's recovery (2 taints in 10m: one before)."""
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow"),
+               rule("xid", count=2, effect="NoSchedule"), hold=1)
+    seen = [pod(T0, obs.UNHEALTHY), taint(minutes(0.5)), pod(minutes(1), obs.HEALTHY)]
+    recovered = run(p, seen, minutes(3), run(p, seen[:2], minutes(0.5)).history)
+    assert recovered.history.shadow_clears == (minutes(2),)
+    seen.append(taint(minutes(4), "48"))
+    assert run(p, seen, minutes(4), recovered.history).effect == "NoSchedule"
+
+
+def test_shadow_clears_still_floor_and_escalate_shadow_rules_in_words() -> None:
+    p = policy(rule("pod", obs.SOURCE_POD, "allocatedResourcesStatus", values=("Unhealthy",), mode="Shadow",
+                    effect="NoSchedule"), hold=1)
+    seen = [pod(T0, obs.UNHEALTHY), pod(minutes(1), obs.HEALTHY)]
+    recovered = run(p, seen, minutes(3), run(p, seen[:1], T0).history)
+    assert run(p, seen, minutes(4), recovered.history).rule is None  # its own clear is its floor
+    seen.append(pod(minutes(5), obs.UNHEALTHY))
+    again = run(p, seen, minutes(5), recovered.history)
+    assert (again.effect, again.would, again.escalated, again.history.escalated) == ("None", "NoExecute", False, False)
+    assert "Shadow: would escalate" in again.why
 
 
 def test_a_fault_that_fired_and_recovered_between_two_decisions_counts_as_a_recovery() -> None:
@@ -365,14 +421,58 @@ def test_a_mark_holds_when_its_observations_fell_off_the_record() -> None:
     assert "holds the mark it made earlier" in decision.why
 
 
-def test_a_mark_whose_rule_left_the_policy() -> None:
+def test_a_mark_whose_rule_left_the_policy_holds_until_a_verified_clear() -> None:
+    """Review finding: a policy edit (the holding rule renamed or removed) lifted the mark with no healthy signal."""
     marked = run(policy(rule("old", effect="NoSchedule")), [taint(T0)], T0)
     other = policy(rule("alerts", obs.SOURCE_ALERT, "GPUXidError"))
-    decision = run(other, [taint(T0)], minutes(1), marked.history)
-    assert (decision.effect, decision.recovered, decision.history.marked_since) == ("None", False, None)
-    escalated = History(marked_since=T0, rule="old", escalated=True, clears=(T0 - timedelta(minutes=5),))
-    held = run(other, [taint(T0)], minutes(1), escalated)
-    assert (held.effect, held.escalated, held.rule) == ("NoExecute", True, "old")
+    held = run(other, [taint(T0)], minutes(1), marked.history)
+    assert (held.effect, held.rule, held.mode, held.recovered, held.orphaned) == (
+        "NoSchedule", "old", "Enforce", False, True)
+    assert held.history == marked.history
+    assert "the policy/rule that made this mark is gone; the mark holds (NoSchedule) until a verified clear" in held.why
+    assert history_from_json(json.loads(json.dumps(history_to_json(held.history)))) == held.history
+    cleared = run(other, [taint(T0)], minutes(2), held.history, verified_at=minutes(2))
+    assert (cleared.effect, cleared.recovered, cleared.orphaned, cleared.history.marked_since) == (
+        "None", True, False, None)
+
+
+def test_a_mark_holds_when_no_policy_applies_any_more() -> None:
+    """A policy deleted, its DeviceClass gone or its CEL failing: routing gives None; the mark holds."""
+    marked = run(policy(), [taint(T0)], T0)
+    held = run(None, [taint(T0)], minutes(1), marked.history)
+    assert (held.effect, held.policy, held.rule, held.orphaned) == ("NoExecute", None, "xid", True)
+    assert "no HealthPolicy applies" in held.why
+    assert run(None, [taint(T0)], minutes(2), held.history, verified_at=minutes(2)).effect == "None"
+
+
+def test_an_escalated_mark_whose_rule_left_holds_its_escalated_effect() -> None:
+    p = policy(rule("old", effect="NoSchedule"))
+    seen = [taint(T0), removed(minutes(1)), taint(minutes(3), "48")]
+    escalated = run(p, seen, minutes(3), run(p, seen[:2], minutes(1), run(p, seen[:1], T0).history).history)
+    assert (escalated.effect, escalated.escalated) == ("NoExecute", True)
+    held = run(policy(rule("alerts", obs.SOURCE_ALERT, "GPUXidError")), seen, minutes(4), escalated.history)
+    assert (held.effect, held.escalated, held.rule, held.orphaned) == ("NoExecute", True, "old", True)
+
+
+def test_a_renamed_rule_that_marks_as_strongly_takes_the_mark_over() -> None:
+    marked = run(policy(rule("old", effect="NoSchedule")), [taint(T0)], T0)
+    renamed = policy(rule("new", effect="NoSchedule"))
+    taken = run(renamed, [taint(T0)], minutes(1), marked.history)
+    assert (taken.effect, taken.rule, taken.orphaned) == ("NoSchedule", "new", False)
+    assert taken.history.marked_since == T0 and "takes over the mark of rule old" in taken.why
+    # and its own recovery ends the mark
+    assert run(renamed, [taint(T0), removed(minutes(2))], minutes(2), taken.history).recovered
+    # a weaker rule does not take a NoExecute mark over
+    strong = run(policy(rule("old")), [taint(T0)], T0)
+    weaker = run(renamed, [taint(T0)], minutes(1), strong.history)
+    assert (weaker.effect, weaker.rule, weaker.orphaned) == ("NoExecute", "old", True)
+
+
+def test_an_orphaned_shadow_mark_holds_nothing() -> None:
+    marked = run(policy(rule("old", mode="Shadow")), [taint(T0)], T0)
+    assert marked.history.held_effect == "None"
+    decision = run(policy(rule("alerts", obs.SOURCE_ALERT, "GPUXidError")), [taint(T0)], minutes(1), marked.history)
+    assert (decision.effect, decision.orphaned, decision.history.marked_since) == ("None", False, None)
 
 
 def test_flapping_every_five_minutes_for_an_hour_is_released_once_then_held() -> None:
@@ -428,10 +528,11 @@ def test_pod_health_flapping_every_five_minutes_is_released_at_most_once() -> No
 
 def test_history_json_round_trips() -> None:
     history = History(boundary=T0, clears=(minutes(1), minutes(2)), escalated=True, marked_since=minutes(3),
-                      rule="xid")
+                      rule="xid", held_effect="NoExecute", shadow_clears=(minutes(0.5),))
     body = history_to_json(history)
     assert body == {"boundary": "2026-12-01T12:00:00Z", "clears": ["2026-12-01T12:01:00Z", "2026-12-01T12:02:00Z"],
-                    "escalated": True, "markedSince": "2026-12-01T12:03:00Z", "rule": "xid"}
+                    "shadowClears": ["2026-12-01T12:00:30Z"], "escalated": True,
+                    "markedSince": "2026-12-01T12:03:00Z", "rule": "xid", "effect": "NoExecute"}
     assert history_from_json(json.loads(json.dumps(body))) == history
     assert history_to_json(History()) == {"clears": [], "escalated": False}
     assert history_from_json(history_to_json(History())) == History()

@@ -118,6 +118,13 @@ def test_a_full_policy_parses() -> None:
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None",
                  "values": [str(n) for n in range(17)]}]},
      "spec.rules[0].values: has 17 entries, at most 16 are allowed"),
+    ({"rules": [{"name": "a", "source": "NodeCondition", "signal": "GPUProblem", "effect": "NoSchedule"}]},
+     'spec.rules[0].values: a NodeCondition rule must list the condition statuses that mean a fault (like ["True"]): '
+     "Node Problem Detector reports its conditions False while healthy"),
+    ({"rules": [{"name": "a", "source": "NodeCondition", "signal": "GPUProblem", "effect": "NoSchedule",
+                 "values": []}]},
+     'spec.rules[0].values: a NodeCondition rule must list the condition statuses that mean a fault (like ["True"]): '
+     "Node Problem Detector reports its conditions False while healthy"),
 ])
 def test_parse_errors_are_in_words(spec: dict[str, Any], expected: str) -> None:
     policy, errors = parse_policy(body(**spec))

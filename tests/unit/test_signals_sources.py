@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import TAINT_KEY, DeviceRef
-from claimwarden.signals import keys, nodes, podhealth, taints
+from claimwarden.signals import decide, keys, nodes, podhealth, taints
 from claimwarden.signals.observations import (
     HEALTHY,
     KEY_MAX,
@@ -19,6 +19,7 @@ from claimwarden.signals.observations import (
     merge,
     to_json,
 )
+from claimwarden.signals.policy import Policy, Rule
 
 NVIDIA = "gpu.nvidia.com"
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -164,6 +165,36 @@ def test_a_taint_back_after_its_removal_is_new_again() -> None:
     back = taints.taint_observations(REF, [taint("gpu.nvidia.com/xid", "79", at=back_at)], first + removed,
                                      back_at)
     assert [(o.state, o.at) for o in back] == [(UNHEALTHY, back_at)]
+
+
+def test_a_taint_back_is_dated_after_its_removal_even_when_the_apiservers_clock_is_behind() -> None:
+    """Review finding: re-added with a timeAdded at or before the removal we dated, it never counted."""
+    xid = "gpu.nvidia.com/xid"
+    first = taints.taint_observations(REF, [taint(xid, "79", at=T0)], [], T0)
+    removed = taints.taint_observations(REF, [], first, NOW)
+    behind = NOW - timedelta(seconds=2)  # the apiserver's timeAdded for the taint coming back
+    (back,) = taints.taint_observations(REF, [taint(xid, "48", at=behind)], first + removed, NOW + timedelta(seconds=1))
+    assert back.at > removed[0].at and back.at - removed[0].at < timedelta(milliseconds=1)
+    assert back.key == f"{xid}=48@{rfc(behind)}"  # its identity is still the taint's
+    seen = first + removed + [back]
+    assert taints.taint_observations(REF, [taint(xid, "48", at=behind)], seen, NOW + timedelta(minutes=1)) == []
+    # and so decide counts it: the mark recovered at the removal, the re-fault escalates
+    p = Policy("p", rules=(Rule("xid", SOURCE_TAINT, xid, (), "NoSchedule", "Enforce"),))
+    history = decide.History()
+    for moment, known in ((T0, first), (NOW, first + removed), (NOW + timedelta(seconds=1), seen)):
+        decision = decide.decide(p, known, history, lambda *_: 1, moment)
+        history = decision.history
+    assert (decision.effect, decision.escalated) == ("NoExecute", True)
+
+
+def test_the_longest_taint_key_is_kept_whole_and_never_looks_removed() -> None:
+    """A taint key is a qualified name: a 253-character DNS prefix, '/', a 63-character name (317)."""
+    key = ".".join(["a" * 63] * 3 + ["b" * 61]) + "/" + "x" * 63
+    assert len(key) == 317
+    first = taints.taint_observations(REF, [taint(key, "79")], [], NOW)
+    stored = [o for o in map(from_json, map(to_json, first)) if o is not None]
+    assert [o.signal for o in stored] == [key]
+    assert taints.taint_observations(REF, [taint(key, "79")], stored, NOW + timedelta(minutes=1)) == []
 
 
 def test_duplicate_taints_in_one_device_count_once() -> None:

@@ -2,8 +2,10 @@
 
 A condition is about a node, not a device: it stands for every device the node holds (of the
 drivers a rule names). Each condition is an observation keyed by its ``lastTransitionTime``, so the
-same condition seen again (a heartbeat, a re-list) is the same observation; the policy's rules pick
-the condition types and statuses that mean a fault (``Ready`` is normally ``True``).
+same condition seen again (a heartbeat, a re-list) is the same observation, Unhealthy whatever its
+status; the policy's rules pick the condition types and statuses that mean a fault (``Ready`` is
+normally ``True``, Node Problem Detector's conditions ``False``), which is why a NodeCondition rule
+must list its ``values`` (``policy.parse_policy``, the CRD).
 
 Pure functions over plain dicts in the raw Kubernetes JSON shape.
 """

@@ -27,7 +27,10 @@ STATES = (UNHEALTHY, HEALTHY, UNKNOWN)
 OBSERVATIONS_MAX = 32
 """Observations kept per record (the newest); the CRD's maxItems."""
 MESSAGE_MAX = VALUE_MAX = 256
-SIGNAL_MAX = 316
+SIGNAL_MAX = 253 + 1 + 63
+"""The longest taint key (a qualified name: a 253-character DNS prefix, '/', a 63-character name), so that
+no taint key is ever cut: a cut key would not match the taint and look removed. Alert names and condition
+types are cut to it."""
 KEY_MAX = 1024
 """The CRD's maxLengths: a longer field is cut when stored (`stored`), so that the status write is valid."""
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
-from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_POD, SOURCES, Observation
+from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_NODE, SOURCE_POD, SOURCES, Observation
 
 GROUP = "claimwarden.io"
 VERSION = "v1alpha1"
@@ -185,6 +185,11 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
     elif len(signal) > SIGNAL_MAX:
         errors.add(f"{where}.signal", f"is longer than {SIGNAL_MAX} characters")
     values = _strings(body.get("values"), f"{where}.values", errors, limit=VALUES_MAX)
+    if source == SOURCE_NODE and not values:
+        # Every condition is observed whatever its status, and NPD reports False while healthy.
+        errors.add(f"{where}.values", 'a NodeCondition rule must list the condition statuses that mean a fault '
+                                      '(like ["True"]): Node Problem Detector reports its conditions False while '
+                                      'healthy')
     effect = body.get("effect")
     if effect not in EFFECTS:
         errors.add(f"{where}.effect", f"{effect!r} is not one of {', '.join(EFFECTS)}")

@@ -109,9 +109,12 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     A taint is new when no earlier observation has its key ``"{key}={value}@{timeAdded}"``; it is an
     Unhealthy observation at its ``timeAdded``. A taint without ``timeAdded`` (the apiserver defaults
     it, so only hand-made input lacks it) is new unless the newest observation of its key already says
-    that value; it is dated ``now``. A key whose newest observation is Unhealthy and that is no longer
-    on the device gets one Healthy ``"{key} removed@{now}"`` observation, dated ``now`` (or just after
-    that Unhealthy one, should the apiserver's clock be ahead of ours). claimwarden's own taint key is
+    that value; it is dated ``now``. A new taint is dated no earlier than just after the newest
+    removal of its key: it came back after that removal was seen, and dated at or before it (the
+    apiserver's clock behind ours), it would never count after the recovery (``decide``'s floor); its
+    key keeps ``timeAdded``. A key whose newest observation is Unhealthy and that is no longer on the
+    device gets one Healthy ``"{key} removed@{now}"`` observation, dated ``now`` (or just after that
+    Unhealthy one, should the apiserver's clock be ahead of ours). claimwarden's own taint key is
     ignored: it is a consequence of a mark, never a signal.
     """
     if taints is None:
@@ -119,8 +122,11 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
     mine = [o for o in previous if o.source == SOURCE_TAINT]
     seen = {o.key for o in mine}
     newest: dict[str, Observation] = {}
+    removed_at: dict[str, datetime] = {}
     for observation in sorted(mine, key=lambda o: (o.at, o.key)):
         newest[observation.signal] = observation
+        if observation.state == HEALTHY:
+            removed_at[observation.signal] = observation.at
     new: list[Observation] = []
     present: set[str] = set()
     for taint in taints:
@@ -141,6 +147,8 @@ def taint_observations(ref: DeviceRef, taints: Sequence[Mapping[str, Any]] | Non
         if observation_key in seen:
             continue
         seen.add(observation_key)
+        if key in removed_at:
+            at = max(at, removed_at[key] + _AFTER)
         effect_text = f" ({effect})" if isinstance(effect, str) and effect else ""
         new.append(Observation(
             source=SOURCE_TAINT, signal=key, value=value, state=UNHEALTHY, at=at, key=observation_key,
