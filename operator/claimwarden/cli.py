@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -136,8 +137,10 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="liveness endpoint URL to serve (default: %(default)s)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="metrics listen address")
     run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
-    run.add_argument("--namespace", default="claimwarden-system",
-                     help="namespace for claimwarden's own objects, e.g. quarantine claims (default: %(default)s)")
+    run.add_argument("--namespace", default=None,
+                     help="namespace for claimwarden's own objects: its Lease and the quarantine claims (default: "
+                          "the pod's own, from $POD_NAMESPACE or the ServiceAccount's namespace file; outside a "
+                          f"pod {DEFAULT_NAMESPACE})")
     run.add_argument("--resync-period", type=_seconds, default=300.0,
                      help="seconds between full resyncs, which also forget objects deleted while a watch was "
                           "down (default: %(default)s)")
@@ -224,6 +227,22 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_NAMESPACE = "claimwarden-system"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def own_namespace(environ: Mapping[str, str] = os.environ, namespace_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The namespace claimwarden runs in, as controller-runtime finds it: $POD_NAMESPACE (the Downward API), else
+    the mounted ServiceAccount's namespace file, else DEFAULT_NAMESPACE (a run outside a pod). A Deployment moved
+    to another namespace by an overlay thus keeps its Lease and quarantine claims where its Role grants them."""
+    if environ.get("POD_NAMESPACE", "").strip():
+        return environ["POD_NAMESPACE"].strip()
+    try:
+        return namespace_file.read_text().strip() or DEFAULT_NAMESPACE
+    except OSError:
+        return DEFAULT_NAMESPACE
+
+
 class SettingsError(Exception):
     """Flags that parse one by one but not together (the leader election's durations)."""
 
@@ -239,10 +258,11 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
     from .leader.elector import ElectionSettings, default_identity
     from .signals.webhook import WebhookSettings
 
+    namespace = args.namespace or own_namespace()
     election = None
     if args.leader_elect:
         election = ElectionSettings(
-            namespace=args.namespace, identity=default_identity(),
+            namespace=namespace, identity=default_identity(),
             lease_seconds=max(1, round(args.leader_elect_lease_duration)),
             renew_deadline_seconds=args.leader_elect_renew_deadline,
             retry_seconds=args.leader_elect_retry_period)
@@ -261,7 +281,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         eviction_retry_qps=args.eviction_retry_qps,
         workers=max(args.eviction_workers, 1))
     return RunSettings(
-        controllers=args.controllers, kubeconfig=args.kubeconfig, namespace=args.namespace,
+        controllers=args.controllers, kubeconfig=args.kubeconfig, namespace=namespace,
         metrics_address=args.metrics_address, metrics_port=args.metrics_port,
         resync_seconds=args.resync_period, metrics_cache_seconds=args.metrics_cache_period,
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,

@@ -63,7 +63,11 @@ def service_account_kubeconfig(state: cluster.LabState) -> Path:
     with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
         request = client.CoreV1Api(api).create_namespaced_service_account_token(name, namespace, body={
             "spec": {"audiences": [], "expirationSeconds": 86400}})
-    token = request.status.token
+    return token_kubeconfig(state, path, request.status.token)
+
+
+def token_kubeconfig(state: cluster.LabState, path: Path, token: str) -> Path:
+    """Write a kubeconfig for the lab that authenticates with `token`."""
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "claimwarden",
         "clusters": [{"name": "lab", "cluster": {"server": state.api_url,

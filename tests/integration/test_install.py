@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, config
 
 from claimwarden_lab.cluster import LabState
 
-from .helpers import wait_for
+from .conftest import extra_lab, token_kubeconfig
+from .health_helpers import device_of, mark, unmark, wait_gone
+from .helpers import pod_with_claims, template, wait_for
+from .operator import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
 SA = "system:serviceaccount:claimwarden-system:claimwarden"
@@ -123,3 +127,62 @@ def test_leader_election_may_touch_only_its_own_lease(lab: LabState, verb: str, 
                                                       allowed: bool) -> None:
     answer = _kubectl(lab, "auth", "can-i", verb, *where, f"--as={SA}", check=False)
     assert answer.stdout.strip() == ("yes" if allowed else "no"), answer.stdout + answer.stderr
+
+
+def test_an_overlay_into_another_namespace_keeps_the_lease_and_the_quarantine_there(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """`namespace: gpu-ops` over manifests/base, applied in a lab of its own (the overlay's ClusterRoleBinding
+    names the gpu-ops ServiceAccount): claimwarden, run as that ServiceAccount with the Downward API's
+    POD_NAMESPACE, elects itself in gpu-ops and parks a marked device there."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "gpu-ops",
+        "resources": [os.path.relpath(ROOT / "manifests" / "base", overlay)]}))  # kustomize refuses absolute
+    with extra_lab(tmp_path_factory, nodes=1, gpus_per_node=2) as state:
+        rendered = _kubectl(state, "kustomize", str(overlay)).stdout
+        docs = list(yaml.safe_load_all(rendered))
+        [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert not [a for a in container["args"] if a.startswith("--namespace")]
+        downward = {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+        assert downward in container["env"]
+        [role] = [d for d in docs if d["kind"] == "ClusterRole"]
+        assert not [r for r in role["rules"] if "namespaces" in r["resources"]]
+        (tmp_path / "rendered.yaml").write_text(rendered)
+        _kubectl(state, "apply", "-f", str(tmp_path / "rendered.yaml"))
+        _kubectl(state, "delete", "deployment", "claimwarden", "-n", "gpu-ops")  # this test runs it as a process
+        sa = "system:serviceaccount:gpu-ops:claimwarden"
+        for verb, where in (("update", ["leases/claimwarden", "-n", "gpu-ops"]), ("create", ["namespaces"])):
+            answer = _kubectl(state, "auth", "can-i", verb, *where, f"--as={sa}", check=False).stdout.strip()
+            assert answer == ("yes" if verb == "update" else "no"), (verb, where, answer)
+
+        with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
+            core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+            token = core.create_namespaced_service_account_token("claimwarden", "gpu-ops", body={
+                "spec": {"audiences": [], "expirationSeconds": 3600}}).status.token
+            kubeconfig = token_kubeconfig(state, tmp_path / "gpu-ops.kubeconfig", token)
+            operator = Operator(kubeconfig, tmp_path / "claimwarden.log", env={"POD_NAMESPACE": "gpu-ops"})
+            operator.start()
+            try:
+                lease = client.CoordinationV1Api(api).read_namespaced_lease("claimwarden", "gpu-ops")
+                assert lease.spec.holder_identity == operator.identity
+                core.create_namespace({"metadata": {"name": "overlay-work"}})
+                resource.create_namespaced_resource_claim_template("overlay-work", body=template("gpu"))
+                core.create_namespaced_pod("overlay-work", body=pod_with_claims(
+                    "pod", [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]))
+                wait_for("the pod Running",
+                         lambda: core.read_namespaced_pod("pod", "overlay-work").status.phase == "Running")
+                pool, device = device_of(api, "overlay-work", "pod")
+                mark(api, pool, device, "overlay test")
+                wait_gone(api, "overlay-work", "pod")
+                parked = wait_for("a quarantine claim in gpu-ops", lambda: resource.list_namespaced_resource_claim(
+                    "gpu-ops").items, 60)
+                assert parked[0].status.allocation.devices.results[0].device == device
+                assert not resource.list_namespaced_resource_claim("claimwarden-system").items
+                unmark(api, pool, device)
+                wait_for("the quarantine claim released",
+                         lambda: not resource.list_namespaced_resource_claim("gpu-ops").items, 60)
+                core.delete_namespace("overlay-work")
+            finally:
+                operator.stop()

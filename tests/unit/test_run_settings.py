@@ -118,3 +118,17 @@ def test_alert_rates_must_be_positive(flag: str, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         _settings(flag)
     assert "--alert-" in capsys.readouterr().err
+
+
+def test_the_namespace_is_the_pods_own_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace_file = tmp_path / "namespace"
+    assert cli.own_namespace({}, namespace_file) == "claimwarden-system"  # outside a pod
+    namespace_file.write_text("from-the-token\n")
+    assert cli.own_namespace({}, namespace_file) == "from-the-token"
+    assert cli.own_namespace({"POD_NAMESPACE": "gpu-ops"}, namespace_file) == "gpu-ops"  # the Downward API first
+    assert cli.own_namespace({"POD_NAMESPACE": " "}, namespace_file) == "from-the-token"
+    monkeypatch.setenv("POD_NAMESPACE", "gpu-ops")
+    settings = _settings()
+    assert settings.namespace == "gpu-ops"
+    assert settings.election is not None and settings.election.namespace == "gpu-ops"
+    assert _settings("--namespace=ops").namespace == "ops"  # the flag wins

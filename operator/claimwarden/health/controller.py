@@ -391,6 +391,7 @@ class HealthController:
             for driver in [d for d, is_open in self._open.items() if is_open]:
                 await self._note_breaker(self.decision(driver), None)
             await self._record_gone(name, ref)
+            self._record_devices.pop(name, None)  # only now: a retry after a failed release must still know the device
             return
         moment = now()
         if records.is_expired(record, moment):
@@ -508,9 +509,13 @@ class HealthController:
                 self.record_queue.add(sibling["metadata"]["name"])
             log.info("record %s is gone; %s still mark%s device %s, which stays quarantined", name,
                      ", ".join(r["metadata"]["name"] for r in siblings), "s" if len(siblings) == 1 else "", ref)
+        elif ref is None:
+            # A record this process never synced (gone before its first reconcile here): which device it
+            # marked is not known, so every quarantine claim no live record accounts for is released now,
+            # rather than at the next resync.
+            await self.quarantine.release_orphans()
         else:
-            claims = self.quarantine.claims_of(ref, [name]) if ref is not None else \
-                self.quarantine.claims_labelled(records.label_value(name))
+            claims = self.quarantine.claims_of(ref, [name])
             if claims:
                 await self.quarantine.release(claims)
         await self.quarantine.drop_taint_rule(name)
@@ -659,7 +664,6 @@ class HealthController:
         self._distrusted.discard(name)
         self._removed.pop(name, None)
         self._confirmed.pop(name, None)
-        self._record_devices.pop(name, None)
         self._status_written.pop(name, None)
         self.breaker_view.forget(name)
         self.evictions.forget(name)
