@@ -106,6 +106,9 @@ POLICY_DECISIONS = Counter("claimwarden_policy_decisions_total", "A signal recor
 WORKLOAD_FAULTS = Counter("claimwarden_workload_faults_total", "Faults not marked because the same signal was seen "
                           "on too many devices (the rule's workloadFault): a workload's fault, not hardware.",
                           ["policy", "rule"], registry=REGISTRY)
+SIGNAL_ORPHANED = Counter("claimwarden_signal_marks_orphaned_total", "Signal marks whose policy or rule went away (a "
+                          "policy edited or deleted, a DeviceClass or CEL selector that no longer matches): the mark "
+                          "holds until a person's clear --verified.", registry=REGISTRY)
 SIGNAL_RECOVERIES = Counter("claimwarden_signal_recoveries_total", "Signal marks cleared, by the source of the "
                             "healthy signal (DriverTaint, PodStatus; verified: a person's clear --verified).",
                             ["source"], registry=REGISTRY)

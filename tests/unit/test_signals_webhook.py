@@ -198,6 +198,10 @@ def test_a_standby_answers_503_and_writes_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with harness(tmp_path, leading=lambda: leader[0]) as h:
             assert (await h.post(payload(on(1, "f1"))))[0] == 503
+            # Closed after a 503: Alertmanager's retry must connect anew (through the Service, maybe to the leader).
+            async with h.session.post(h.receiver.url, data=payload(on(1, "f1")),
+                                      headers={"Authorization": f"Bearer {h.token_file.read_text().strip()}"}) as r:
+                assert r.status == 503 and r.headers.get("Connection", "").lower() == "close"
             assert (await h.post(payload(on(1, "f1")), token="wrong"))[0] == 401  # authentication first
             assert h.sink.calls == []
             leader[0] = True

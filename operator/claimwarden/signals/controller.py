@@ -44,6 +44,10 @@ REQUEUE_MIN = 1.0
 INVALID_POLICY = "InvalidHealthPolicy"
 INVALID_VERIFIED = "InvalidVerifiedClear"
 WORKLOAD_FAULT = "WorkloadFault"
+ORPHANED_MARK = "MarkWithoutRule"
+BOUNDARY_KEPT = timedelta(hours=24)
+"""A record with a person's verified clear is kept this long after it: what it cleared (an alert sent again by
+Alertmanager, older than the boundary) must not come back as new on a fresh record."""
 
 
 @dataclass
@@ -69,7 +73,10 @@ class SignalsController:
         self._created: dict[str, Body] = {}
         """Record name -> the record as created here, until the cache has it."""
         """Record name -> (resourceVersion our last status write returned, that status), until the cache has it."""
-        self._fleet: dict[DeviceRef, list[Observation]] = {}
+        self._fleet: dict[tuple[str, str, str], dict[DeviceRef, datetime]] = {}
+        """(source, signal, value) -> device -> its newest Unhealthy observation of it: the fleet view, by signal
+        (a scan of every record's observations per decision was quadratic at 10,000 devices)."""
+        self._fleet_signals: dict[DeviceRef, set[tuple[str, str, str]]] = {}
         self._fleet_seeded = False
         self._router: policy.Router | None = None
         self._router_key: tuple[Any, ...] | None = None
@@ -201,9 +208,16 @@ class SignalsController:
         status = self._status_of(name, record)
         written = signal_records.record_observations({"status": status}) if record is not None else []
         remembered = self._unwritten.get(ref, [])
+        if record is not None and self._published(ref) is None:
+            # Routing a device no slice lists (deleted with its node, or re-created under a new name in 1.37) would
+            # decide its mark without its attributes: it is decided again when a slice lists it. Pushed observations
+            # wait (the webhook answers 503 after OBSERVE_TIMEOUT; Alertmanager sends them again).
+            log.debug("device %s: no slice lists it; its record %s is left as it is", ref, name)
+            raise Retry(f"device {ref} is not published")
         device_policy = self._route(ref)
 
-        collected = self._collect(ref, device_policy, [*written, *remembered], moment) + pushed
+        collected, signalled = self._collect(ref, device_policy, [*written, *remembered], moment)
+        collected += pushed
         fresh = _unique(o for o in collected if not _present(o, [*written, *remembered]))
         # What was remembered unwritten is looked at again: a policy may have come since that matches it.
         candidates = _unique(o for o in [*remembered, *fresh] if not _present(o, written))
@@ -227,10 +241,11 @@ class SignalsController:
 
         merged, added = observations.merge(written, kept)
         if record is None and not added:
+            self._set_fleet(ref, [])  # (a record deleted by someone else no longer counts)
             return  # nothing a rule of the device's policy watches: no record
         history = signal_records.record_history({"status": status})
-        verified = await self._verified(record, history, moment)
-        self._fleet[ref] = [o for o in merged if o.state == UNHEALTHY]
+        verified = await self._verified(record, history, merged, moment)
+        self._set_fleet(ref, [o for o in merged if o.state == UNHEALTHY])
         decision = decide.decide(device_policy, merged, history, self._fleet_count, moment, verified_at=verified)
         if record is None:
             record = await self._create(ref, decision)
@@ -248,9 +263,13 @@ class SignalsController:
         self._count(decision, record, status)
         if decision.workload_fault and not (status.get("decision") or {}).get("workloadFault"):
             await self._workload_fault(record, ref, decision)
-        if await self._delete_if_done(record, merged, decision, device_policy, bool(added), moment):
+        if decision.orphaned and not (status.get("decision") or {}).get("orphaned"):
+            metrics.SIGNAL_ORPHANED.inc()
+            await self._event(record, "Warning", ORPHANED_MARK, decision.why)
+            log.warning("device %s: %s", ref, decision.why)
+        if await self._delete_if_done(record, merged, decision, device_policy, bool(added) or signalled, moment):
             return
-        delay = _next_look(merged, decision, device_policy, moment)
+        delay = _next_look(merged, decision, device_policy, moment, deletable=not signalled)
         if delay is not None:
             self.queue.add_after(ref, delay)
 
@@ -278,23 +297,39 @@ class SignalsController:
         return status
 
     def _collect(self, ref: DeviceRef, device_policy: policy.Policy | None, previous: Sequence[Observation],
-                 moment: datetime) -> list[Observation]:
-        """The level-based observations of the device now (the sources keep only what `previous` lacks)."""
+                 moment: datetime) -> tuple[list[Observation], bool]:
+        """The level-based observations of the device now (the sources keep only what `previous` lacks), and
+        whether a fault is still signalled now (a driver taint, a pod's report other than Healthy, a node
+        condition a rule names, or a pool too incomplete to tell): its record must not be deleted then, or
+        the fault would come back as new, without the record's history (its boundary, its clears)."""
         found: list[Observation] = []
         pool_slices = taints.complete_pools(self.cache.resource_slices_of_pool(ref.driver, ref.pool)).get(
             (ref.driver, ref.pool))
         device_taints: list[Mapping[str, Any]] | None = None
         if pool_slices is not None:
             device_taints = taints.device_taints(pool_slices).get(ref)
+        signalled = device_taints is None or any(t.get("key") != records.TAINT_KEY for t in device_taints)
         found += taints.taint_observations(ref, device_taints, previous, moment)
         entries = [entry for pod in self._pods_holding(ref) for entry in podhealth.pod_device_health(pod)
                    if entry.ref == ref]
+        signalled = signalled or any(entry.health != HEALTHY for entry in entries)
         found += podhealth.pod_health_observations(entries, previous, moment)
-        node_name = self._node_of(ref) if device_policy is not None and any(
-            rule.source == observations.SOURCE_NODE for rule in device_policy.rules) else ""
+        node_rules = [rule for rule in device_policy.rules if rule.source == observations.SOURCE_NODE] \
+            if device_policy is not None else []
+        node_name = self._node_of(ref) if node_rules else ""
         if node_name:  # only for a policy that watches them: every node has a handful of conditions
-            found += nodes.condition_observations(node_name, self.cache.node_conditions(node_name))
-        return found
+            conditions = nodes.condition_observations(node_name, self.cache.node_conditions(node_name))
+            signalled = signalled or any(rule.matches(o) for o in conditions for rule in node_rules)
+            found += conditions
+        return found, signalled
+
+    def _published(self, ref: DeviceRef) -> Mapping[str, Any] | None:
+        """The device as a slice in the cache lists it, or None."""
+        for slice_ in self.cache.resource_slices_of_pool(ref.driver, ref.pool):
+            for device in slice_["spec"].get("devices") or []:
+                if device.get("name") == ref.device:
+                    return cast(Mapping[str, Any], device)
+        return None
 
     def _pods_holding(self, ref: DeviceRef) -> list[Body]:
         pods: dict[tuple[str, str], Body] = {}
@@ -315,11 +350,7 @@ class SignalsController:
         return ""
 
     def _device(self, ref: DeviceRef) -> Mapping[str, Any]:
-        for slice_ in self.cache.resource_slices_of_pool(ref.driver, ref.pool):
-            for device in slice_["spec"].get("devices") or []:
-                if device.get("name") == ref.device:
-                    return cast(Mapping[str, Any], device)
-        return {"name": ref.device}
+        return self._published(ref) or {"name": ref.device}
 
     # --- policies -------------------------------------------------------------------------------
 
@@ -367,16 +398,30 @@ class SignalsController:
         self._fleet_seeded = True
         for record in self.cache.records():
             if signal_records.is_signal_record(record) and (ref := records.record_ref(record)) is not None:
-                self._fleet[ref] = [o for o in signal_records.record_observations(record) if o.state == UNHEALTHY]
+                self._set_fleet(ref, [o for o in signal_records.record_observations(record) if o.state == UNHEALTHY])
+
+    def _set_fleet(self, ref: DeviceRef, faults: Iterable[Observation]) -> None:
+        """The device's Unhealthy observations in the fleet view, in place of what it had there."""
+        newest: dict[tuple[str, str, str], datetime] = {}
+        for o in faults:
+            signal = (o.source, o.signal, o.value)
+            newest[signal] = max(o.at, newest.get(signal, o.at))
+        for signal in self._fleet_signals.pop(ref, set()) - set(newest):
+            devices = self._fleet.get(signal, {})
+            devices.pop(ref, None)
+            if not devices:
+                self._fleet.pop(signal, None)
+        for signal, at in newest.items():
+            self._fleet.setdefault(signal, {})[ref] = at
+        if newest:
+            self._fleet_signals[ref] = set(newest)
 
     def _fleet_count(self, source: str, signal: str, value: str, since: datetime) -> int:
-        return sum(1 for found in self._fleet.values()
-                   if any(o.source == source and o.signal == signal and o.value == value and o.at >= since
-                          for o in found))
+        return sum(1 for at in self._fleet.get((source, signal, value), {}).values() if at >= since)
 
     def _fleet_devices(self, source: str, signal: str) -> list[DeviceRef]:
-        return sorted((ref for ref, found in self._fleet.items()
-                       if any(o.source == source and o.signal == signal for o in found)), key=str)
+        return sorted({ref for (s, g, _), devices in self._fleet.items() if (s, g) == (source, signal)
+                       for ref in devices}, key=str)
 
     async def _event(self, involved: Body, event_type: str, reason: str, message: str) -> None:
         try:
@@ -386,23 +431,35 @@ class SignalsController:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def _verified(self, record: Body | None, history: decide.History, moment: datetime) -> datetime | None:
+    async def _verified(self, record: Body | None, history: decide.History, merged: Sequence[Observation],
+                        moment: datetime) -> datetime | None:
         """A person's verified clear not yet applied (after the history's boundary), or None; a bad one is
-        reported once as a Warning Event on the record and ignored."""
+        reported once as a Warning Event on the record and ignored.
+
+        The person verified what the record showed: the clear covers every observation it holds, whatever the
+        clock of the machine that stamped it (a laptop behind the apiserver's would leave the fault it cleared
+        counting). So the boundary is the later of the stamp and the newest observation. One later than
+        claimwarden's clock applies once the clock reaches it (the queue looks again then)."""
         if record is None:
             return None
         at, problem = signal_records.verified_at(record)
-        if at is not None and at > moment:
-            problem = (f"annotation {signal_records.VERIFIED_ANNOTATION}={format_rfc3339(at)} is in the future; "
-                       "ignored")
-            at = None
         if problem:
             marker = (str(record["metadata"].get("uid")), problem)
             if marker not in self._reported:
                 self._reported.add(marker)
                 await self._event(record, "Warning", INVALID_VERIFIED, problem)
             return None
-        if at is None or (history.boundary is not None and at <= history.boundary):
+        if at is None:
+            return None
+        at = max(at, *(o.at for o in merged))
+        if history.boundary is not None and at <= history.boundary:
+            return None
+        if at > moment:
+            log.info("record %s: the verified clear at %s applies once this clock reaches it",
+                     record["metadata"]["name"], format_rfc3339(at))
+            ref = records.record_ref(record)
+            if ref is not None:
+                self.queue.add_after(ref, min(max((at - moment).total_seconds(), REQUEUE_MIN), REQUEUE_MAX))
             return None
         return at
 
@@ -463,15 +520,18 @@ class SignalsController:
                     self.queue.add(other)
 
     async def _delete_if_done(self, record: Body, merged: Sequence[Observation], decision: decide.Decision,
-                              device_policy: policy.Policy | None, added: bool, moment: datetime) -> bool:
-        """A recovered (or never marked) record with no observation for refaultWindow is deleted."""
+                              device_policy: policy.Policy | None, busy: bool, moment: datetime) -> bool:
+        """A recovered (or never marked) record with no observation for refaultWindow, no fault signalled now
+        (`busy`: also when something was just added) and no verified clear within BOUNDARY_KEPT is deleted."""
         history = decision.history
-        if added or decision.effect != "None" or history.marked_since is not None or history.escalated:
+        if busy or decision.effect != "None" or history.marked_since is not None or history.escalated:
             return False
         window = (device_policy.recovery if device_policy else policy.Recovery()).refault_window
         newest = max((o.at for o in merged), default=None)
         if newest is not None and moment - newest < window:
             return False
+        if history.boundary is not None and moment - history.boundary < BOUNDARY_KEPT:
+            return False  # an alert still firing is sent again (Alertmanager's repeat_interval): it is older
         meta = record["metadata"]
         try:
             await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, meta["name"], uid=meta.get("uid"),
@@ -485,7 +545,7 @@ class SignalsController:
         self._created.pop(meta["name"], None)
         ref = records.record_ref(record)
         if ref is not None:
-            self._fleet.pop(ref, None)
+            self._set_fleet(ref, [])
             self._unwritten.pop(ref, None)
         log.info("signal record %s deleted: no observation for %s", meta["name"], records.format_duration(window))
         return True
@@ -524,26 +584,34 @@ def _present(o: Observation, among: Iterable[Observation]) -> bool:
 
 
 def _kept(o: Observation, device_policy: policy.Policy | None) -> bool:
-    """Written to the record: a rule of the device's policy matches it, or it is the healthy side of a signal a
-    rule watches (a taint removed, Healthy after Unhealthy: recovery is decided on them)."""
+    """Written to the record: a rule of the device's policy matches it, or it is the healthy or unknown side of
+    a signal a rule watches (a taint removed, Healthy after Unhealthy, Unknown: recovery and its hold are decided
+    on them, whatever values the rule names)."""
     if device_policy is None:
         return False
     if any(rule.matches(o) for rule in device_policy.rules):
         return True
-    return o.state == HEALTHY and any(rule.source == o.source and rule.signal == o.signal
-                                      for rule in device_policy.rules)
+    return o.state in (HEALTHY, UNKNOWN) and any(rule.source == o.source and rule.signal == o.signal
+                                                 for rule in device_policy.rules)
 
 
 def _next_look(merged: Sequence[Observation], decision: decide.Decision, device_policy: policy.Policy | None,
-               moment: datetime) -> float | None:
-    """Seconds until time alone may change the decision: a PodStatus hold running out, the record's deletion."""
+               moment: datetime, *, deletable: bool) -> float | None:
+    """Seconds until time alone may change the decision: a PodStatus hold running out, the record's deletion
+    (only for a record that may be deleted: no mark held, no fault signalled now; else a change of its signals
+    brings the device back, and a look every second at a held mark was a loop)."""
     recovery = device_policy.recovery if device_policy else policy.Recovery()
     waits: list[timedelta] = []
     if decision.recheck_at is not None:
         waits.append(decision.recheck_at - moment)
     newest = max((o.at for o in merged), default=None)
-    if newest is not None and decision.effect == "None" and not decision.history.escalated:
-        waits.append(newest + recovery.refault_window - moment)
+    history = decision.history
+    if deletable and newest is not None and decision.effect == "None" and history.marked_since is None \
+            and not history.escalated:
+        deletion = newest + recovery.refault_window
+        if history.boundary is not None:
+            deletion = max(deletion, history.boundary + BOUNDARY_KEPT)
+        waits.append(deletion - moment)
     if not waits:
         return None
     return min(max(min(waits).total_seconds(), REQUEUE_MIN), REQUEUE_MAX)

@@ -43,9 +43,23 @@ def record_body(ref: DeviceRef, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def desired_spec(decision: decide.Decision) -> dict[str, Any]:
-    """spec.effect, spec.reason and spec.drain of a decision (reason is never empty: the CRD wants one)."""
-    return {"effect": decision.effect, "reason": (decision.why or "no signal decided")[:records.REASON_MAX],
+    """spec.effect, spec.reason and spec.drain of a decision.
+
+    The reason names who decided, not the decision's wording (that is status.decision.why): a spec change bumps
+    metadata.generation, and an approval counts only for the generation it was given for, so a reason that
+    followed every new observation would make approved evictions wait for a new approval."""
+    return {"effect": decision.effect, "reason": stable_reason(decision)[:records.REASON_MAX],
             "drain": decision.drain or records.DRAIN_IMMEDIATE}
+
+
+def stable_reason(decision: decide.Decision) -> str:
+    """"HealthPolicy <policy>, rule <rule> (<mode>)", with what holds: escalated, orphaned, a workload fault."""
+    if decision.rule is None:
+        return "signals: no mark (see status.decision)"
+    notes = [note for flag, note in ((decision.escalated, "escalated"), (decision.orphaned, "its rule is gone"),
+                                     (decision.workload_fault, "a workload fault")) if flag]
+    return (f"HealthPolicy {decision.policy}, rule {decision.rule} ({decision.mode or 'Shadow'})"
+            + (f": {', '.join(notes)}" if notes else "") + "; status.decision says why")
 
 
 def record_observations(record: Mapping[str, Any] | None) -> list[Observation]:

@@ -197,7 +197,12 @@ class Seen:
 def _answer(code: int, message: str | dict[str, int]) -> web.Response:
     if isinstance(message, dict):
         return web.json_response(message, status=code)
-    return web.Response(status=code, text=message + "\n")
+    response = web.Response(status=code, text=message + "\n")
+    if code == 503:
+        # Alertmanager's retry reuses a kept-alive connection: one that reached the standby would reach it again,
+        # for every retry. Closed, the retry connects anew through the Service and may reach the leader.
+        response.force_close()
+    return response
 
 
 class Receiver:
