@@ -45,6 +45,8 @@ INVALID_POLICY = "InvalidHealthPolicy"
 INVALID_VERIFIED = "InvalidVerifiedClear"
 WORKLOAD_FAULT = "WorkloadFault"
 ORPHANED_MARK = "MarkWithoutRule"
+VERIFIED_AHEAD_MAX = timedelta(minutes=5)
+"""A verified clear stamped further ahead of claimwarden's clock than this is reported (a Warning Event)."""
 BOUNDARY_KEPT = timedelta(hours=24)
 """A record with a person's verified clear is kept this long after it: what it cleared (an alert sent again by
 Alertmanager, older than the boundary) must not come back as new on a fresh record."""
@@ -451,7 +453,15 @@ class SignalsController:
             return None
         if at is None:
             return None
-        at = max(at, *(o.at for o in merged))
+        if at - moment > VERIFIED_AHEAD_MAX:
+            problem = (f"annotation {signal_records.VERIFIED_ANNOTATION}={format_rfc3339(at)} is more than "
+                       f"{records.format_duration(VERIFIED_AHEAD_MAX)} ahead of claimwarden's clock; it applies "
+                       "only once that clock reaches it (kubectl claimwarden clear --verified stamps it right)")
+            marker = (str(record["metadata"].get("uid")), problem)
+            if marker not in self._reported:
+                self._reported.add(marker)
+                await self._event(record, "Warning", INVALID_VERIFIED, problem)
+        at = max([at, *(o.at for o in merged)])
         if history.boundary is not None and at <= history.boundary:
             return None
         if at > moment:
