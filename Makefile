@@ -17,7 +17,9 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 	tests/integration/test_claims_real_paths.py tests/integration/test_claims_walkthrough.py \
 	tests/integration/test_claims_sharing_limit.py tests/integration/test_health_eviction.py \
 	tests/integration/test_health_quarantine.py tests/integration/test_health_quarantine_records.py \
-	tests/integration/test_health_real_paths.py tests/integration/test_relist.py
+	tests/integration/test_health_real_paths.py tests/integration/test_relist.py \
+	tests/integration/test_signals_taints.py tests/integration/test_signals_podstatus.py \
+	tests/integration/test_signals_alertmanager.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
