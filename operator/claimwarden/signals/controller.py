@@ -27,7 +27,6 @@ from ..health import records
 from ..health.records import DeviceRef
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import allocated_devices
 from ..timestamps import format_rfc3339, now
 from ..workqueue import Retry, WorkQueue
 from . import decide, nodes, observations, podhealth, policy, taints
@@ -625,8 +624,3 @@ def _next_look(merged: Sequence[Observation], decision: decide.Decision, device_
     if not waits:
         return None
     return min(max(min(waits).total_seconds(), REQUEUE_MIN), REQUEUE_MAX)
-
-
-def allocated_refs(claim: Body) -> list[DeviceRef]:
-    """The devices a claim's allocation names, as DeviceRefs (claim events -> the devices' pods' health)."""
-    return [DeviceRef(*device) for device in allocated_devices(claim)]
