@@ -17,12 +17,14 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 	tests/integration/test_claims_real_paths.py tests/integration/test_claims_walkthrough.py \
 	tests/integration/test_claims_sharing_limit.py tests/integration/test_health_eviction.py \
 	tests/integration/test_health_quarantine.py tests/integration/test_health_quarantine_records.py \
-	tests/integration/test_health_real_paths.py tests/integration/test_relist.py
+	tests/integration/test_health_real_paths.py tests/integration/test_relist.py \
+	tests/integration/test_signals_taints.py tests/integration/test_signals_podstatus.py \
+	tests/integration/test_signals_alertmanager.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
 IMAGE ?= claimwarden:0.1.0
 
-.PHONY: help venv bins bins-matrix prometheus faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
+.PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
 	install uninstall deploy undeploy image podman lock bench bench-smoke chaos soak bench-explain
 
 help: ## list the targets
@@ -48,6 +50,9 @@ bins-matrix: bins ## also build the control planes of 1.35, 1.36 and 1.37 (about
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh
 
+alertmanager: ## install Debian's prometheus-alertmanager (Alertmanager, amtool) for the Alertmanager webhook tests
+	bins/install-prometheus.sh alertmanager
+
 faketime: ## install Debian's faketime (libfaketime) for the chaos suite's clock-rate skew scenario
 	bins/install-faketime.sh
 
@@ -63,17 +68,17 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins-matrix prometheus podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
+test: venv bins-matrix prometheus alertmanager podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" $(CORE_TESTS)
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
-test-integration: venv bins prometheus podman ## run the integration tests only (starts a lab)
+test-integration: venv bins prometheus alertmanager podman ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
-test-matrix: venv bins-matrix prometheus podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+test-matrix: venv bins-matrix prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import cluster, demo, presets
+from kubernetes import config
+
+from . import cluster, demo, driver, presets
 from .binaries import K8S_VERSION, VERSIONS
 from .cluster import default_dir
 from .processes import LabError
@@ -41,6 +43,17 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
     restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
     restart.add_argument("--compact", action="store_true",
                          help="first compact etcd to its current revision, so old resourceVersions are gone (410)")
+    taint = lab_sub.add_parser("taint", help="publish a taint on a device of the fake driver's slice, as NVIDIA's "
+                                             "driver does on a broken GPU (one taint per key: the latest value wins)")
+    taint.add_argument("node", help="the node whose slice lists the device, e.g. kwok-node-0")
+    taint.add_argument("device", help="the device, e.g. gpu-3")
+    taint.add_argument("--key", required=True, help="taint key, e.g. gpu.nvidia.com/xid or gpu.nvidia.com/gpu-lost")
+    taint.add_argument("--value", default="", help="taint value, e.g. an XID code: 79 (default: none)")
+    taint.add_argument("--effect", default="NoSchedule", choices=driver.TAINT_EFFECTS,
+                       help="taint effect (default: %(default)s; NVIDIA's driver uses NoSchedule and None, which "
+                            "the apiserver accepts from 1.35)")
+    taint.add_argument("--remove", action="store_true", help="remove the taint with that key instead")
+    taint.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)
     demo = lab_sub.add_parser("demo", help="start the lab and claimwarden, play the DRA walkthrough and a broken "
                                            "GPU against it, then keep claimwarden running (Ctrl-C stops it)")
     demo.add_argument("--dir", type=Path, default=default_dir(), help=dir_help + "; a lab running there is reused")
@@ -79,6 +92,16 @@ def run(args: argparse.Namespace) -> int:
             if args.compact:
                 say(f"etcd compacted to revision {cluster.compact_etcd(state)}")
             cluster.restart_apiserver(state, say)
+        elif args.lab_command == "taint":
+            state = cluster.LabState.load(args.dir.expanduser().resolve())
+            if state is None:
+                raise LabError(f"no lab in {args.dir}: run 'claimwarden lab up' first")
+            with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
+                taints = cluster.taint_device(api, args.node, args.device, args.key, args.value, args.effect,
+                                              remove=args.remove)
+            shown = ", ".join(f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')} "
+                              f"(added {t.get('timeAdded')})" for t in taints)
+            say(f"{args.node}/{args.device} taints: {shown or 'none'}")
         elif args.lab_command == "status":
             print("\n".join(cluster.status(args.dir)))
         elif args.lab_command == "env":

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 
@@ -100,8 +100,8 @@ class LabOptions:
     kubernetes: str = K8S_VERSION
     """The control plane's version: 1.34 to 1.37 (binaries per version, see binaries.py)."""
     presets: str = ""
-    """Comma-separated names from presets.py (device-taints, extended-resources, podgroups): the gates and
-    runtime-config that turn the feature on for this version, merged before feature_gates/runtime_config."""
+    """Comma-separated names from presets.py (device-taints, extended-resources, podgroups, resource-health): the
+    gates and runtime-config that turn the feature on for this version, merged before feature_gates/runtime_config."""
     kcm_qps: float = 0
     """kube-controller-manager's client budget (--kube-api-qps, burst twice that); 0 = its default, 20.
     Raise it so that the lab's own garbage collector and eviction controller are not what a benchmark measures."""
@@ -354,6 +354,61 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
             raise LabError(f"only {len(slices)} of {options.nodes} ResourceSlices were published")
     finally:
         api.close()
+
+
+TAINT_RETRIES = 5
+
+
+def _status_message(exc: client.ApiException) -> str:
+    """The message of the Status an apiserver answered with, else the raw body."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body or exc.reason)
+
+
+def _raw(response: object) -> Any:
+    """The JSON of a response read with _preload_content=False: every field, even those the client's models lack."""
+    return json.loads(cast(Any, response).data)
+
+
+def taint_device(api: client.ApiClient, node: str, device: str, key: str, value: str = "",
+                 effect: str = "NoSchedule", *, remove: bool = False) -> list[dict[str, Any]]:
+    """Publish (or with ``remove``, withdraw) a taint on a device of the fake driver's slice on ``node``,
+    as NVIDIA's driver does (driver.set_device_taint); returns the device's taints as the apiserver keeps them.
+
+    The slice is rewritten whole with its resourceVersion (devices are an atomic list), retried on conflict.
+    An apiserver without slice taints (gate ``DRADeviceTaints`` off: before 1.36 unless the lab runs with
+    ``--preset device-taints``) silently drops them; that is an error here, with the fix.
+    """
+    resource = client.ResourceV1Api(api)
+    for _ in range(TAINT_RETRIES):
+        listed = _raw(resource.list_resource_slice(
+            field_selector=f"spec.nodeName={node},spec.driver={driver.DRIVER}", _preload_content=False))
+        slices = [s for s in listed.get("items", [])
+                  if any(d.get("name") == device for d in s["spec"].get("devices") or [])]
+        if not slices:
+            raise LabError(f"no {driver.DRIVER} ResourceSlice on node {node!r} lists device {device!r}")
+        body = slices[0]
+        devices = body["spec"]["devices"]
+        try:
+            body["spec"]["devices"] = (driver.remove_device_taint(devices, device, key) if remove
+                                       else driver.set_device_taint(devices, device, key, value, effect))
+        except driver.LabConfigError as exc:
+            raise LabError(str(exc)) from None
+        try:
+            written = _raw(resource.replace_resource_slice(body["metadata"]["name"], body=body, _preload_content=False))
+        except client.ApiException as exc:
+            if exc.status == 409:
+                continue
+            raise LabError(f"the apiserver refused the taint ({exc.status}): {_status_message(exc)}") from None
+        taints: list[dict[str, Any]] = next(
+            d.get("taints") or [] for d in written["spec"]["devices"] if d.get("name") == device)
+        if not remove and not any(t.get("key") == key for t in taints):
+            raise LabError("the apiserver dropped the taint: slice taints need the DRADeviceTaints gate, off "
+                           "before Kubernetes 1.36; start the lab with '--preset device-taints'")
+        return taints
+    raise LabError(f"ResourceSlice of node {node!r} kept changing under {TAINT_RETRIES} writes; try again")
 
 
 def add_guest(directory: Path, proc: Process) -> None:

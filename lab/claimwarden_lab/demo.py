@@ -414,11 +414,12 @@ class Demo:
         assert self.state is not None
         kubectl = [f"{self.state.bin_dir}/kubectl", f"--kubeconfig={self.state.kubeconfig}"]
         for args in (["apply", "-k", str(root / "crds")],
-                     ["wait", "--for=condition=Established", "--timeout=60s", "crd/unhealthydevices.claimwarden.io"]):
+                     ["wait", "--for=condition=Established", "--timeout=60s", "crd/unhealthydevices.claimwarden.io",
+                      "crd/healthpolicies.claimwarden.io"]):
             result = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90, check=False)
             if result.returncode:
                 raise DemoError(f"'kubectl {shlex.join(args)}' failed: {result.stderr.strip()}")
-        self.print("demo: installed the UnhealthyDevice CRD (kubectl apply -k crds/)")
+        self.print("demo: installed the UnhealthyDevice and HealthPolicy CRDs (kubectl apply -k crds/)")
 
     def _start_claimwarden(self) -> None:
         assert self.state is not None

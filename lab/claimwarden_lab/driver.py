@@ -1,4 +1,5 @@
-"""A fake DRA driver: the DeviceClass, Nodes and ResourceSlices that dra-example-driver would publish.
+"""A fake DRA driver: the DeviceClass, Nodes and ResourceSlices that dra-example-driver would publish,
+and the device taints (KEP-5055) that NVIDIA's driver publishes on a broken GPU (``lab taint``).
 
 Only pure functions that build API objects as dicts; ``cluster.py`` writes them.
 """
@@ -6,6 +7,7 @@ Only pure functions that build API objects as dicts; ``cluster.py`` writes them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,3 +120,49 @@ def resource_slice(node_name: str, node_uid: str, count: int, model: GpuModel) -
 def model_for_node(models: list[GpuModel], index: int) -> GpuModel:
     """Nodes get the models round-robin."""
     return models[index % len(models)]
+
+
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+def set_device_taint(devices: list[dict[str, Any]], device: str, key: str, value: str = "",
+                     effect: str = "NoSchedule") -> list[dict[str, Any]]:
+    """The slice's devices with ``key=value:effect`` on ``device``, as NVIDIA's driver taints a GPU.
+
+    Like NVIDIA's driver it keeps one taint per key (the latest value wins, the history is lost) and leaves
+    ``timeAdded`` for the apiserver to set; the same taint again (key, value and effect) changes nothing, so its
+    ``timeAdded`` stays, as the kubelet plugin helper's slice controller keeps it (``DevicesDeepEqual``).
+    """
+    if effect not in TAINT_EFFECTS:
+        raise LabConfigError(f"taint effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
+    if not key:
+        raise LabConfigError("a taint needs a key, e.g. --key gpu.nvidia.com/xid")
+
+    def change(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        same = [t for t in taints if t.get("key") == key]
+        if same and (same[0].get("value") or "", same[0].get("effect")) == (value, effect):
+            return taints
+        taint: dict[str, Any] = {"key": key, "effect": effect, **({"value": value} if value else {})}
+        return [*(t for t in taints if t.get("key") != key), taint]
+
+    return _with_taints(devices, device, change)
+
+
+def remove_device_taint(devices: list[dict[str, Any]], device: str, key: str) -> list[dict[str, Any]]:
+    """The slice's devices without the taint ``key`` on ``device`` (as the driver does on restart)."""
+    return _with_taints(devices, device, lambda taints: [t for t in taints if t.get("key") != key])
+
+
+def _with_taints(devices: list[dict[str, Any]], device: str,
+                 change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    if not any(d.get("name") == device for d in devices):
+        names = ", ".join(str(d.get("name")) for d in devices)
+        raise LabConfigError(f"the slice has no device {device!r}; it has {names}")
+    result = []
+    for item in devices:
+        if item.get("name") != device:
+            result.append(item)
+            continue
+        taints = change(list(item.get("taints") or []))
+        result.append({**{k: v for k, v in item.items() if k != "taints"}, **({"taints": taints} if taints else {})})
+    return result

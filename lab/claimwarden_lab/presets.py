@@ -23,22 +23,29 @@ PRESETS: dict[str, dict[str, Preset]] = {
     "1.34": {
         "device-taints": Preset(("DRADeviceTaints=true",), ("resource.k8s.io/v1alpha3=true",)),
         "extended-resources": Preset(("DRAExtendedResource=true",)),
+        # KEP-4680 (pod.status...allocatedResourcesStatus): alpha; the apiserver drops the field while it is
+        # off. kwok plays the kubelet, so only the control plane needs it. Messages (ResourceHealthStatusMessage)
+        # first exist in 1.36: before, the apiserver drops resources[].message.
+        "resource-health": Preset(("ResourceHealthStatus=true",)),
     },
     "1.35": {
         "device-taints": Preset(("DRADeviceTaints=true", "DRADeviceTaintRules=true"),
                                 ("resource.k8s.io/v1alpha3=true",)),
         "extended-resources": Preset(("DRAExtendedResource=true",)),
+        "resource-health": Preset(("ResourceHealthStatus=true",)),
     },
     "1.36": {
         # DRADeviceTaints is beta and on; the rules' beta API (v1beta2) is off by default.
         "device-taints": Preset(("DRADeviceTaintRules=true",), ("resource.k8s.io/v1beta2=true",)),
         "extended-resources": Preset(),  # beta, on by default
+        "resource-health": Preset(),  # ResourceHealthStatus and ResourceHealthStatusMessage beta, on
         "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
                             ("scheduling.k8s.io/v1alpha2=true",)),
     },
     "1.37": {
         "device-taints": Preset(),  # GA: resource.k8s.io/v1 DeviceTaintRule, on by default
         "extended-resources": Preset(),  # GA
+        "resource-health": Preset(),  # still beta (not GA in 1.37.2), on by default
         "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
                             ("scheduling.k8s.io/v1beta1=true",)),
     },

@@ -24,10 +24,13 @@ from .cache import (
     CLAIM_BY_OWNER,
     CLAIM_BY_PODGROUP,
     CLAIM_BY_RECORD,
+    CLASS_INDEX,
+    NODE_INDEX,
     POD_BY_CLAIM,
     POD_BY_PODGROUP,
     POD_BY_TEMPLATE,
     PODGROUP_BY_TEMPLATE,
+    POLICY_INDEX,
     RECORD_BY_DEVICE,
     SLICE_BY_POOL,
     Cache,
@@ -54,6 +57,8 @@ from .podclaims import (
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
 from .runtime import Runtime, lost_lease
+from .signals.controller import SignalsController
+from .signals.webhook import WebhookSettings
 from .timestamps import now, parse_rfc3339
 
 log = logging.getLogger("claimwarden")
@@ -66,8 +71,12 @@ CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RECORDS = (records.GROUP, records.VERSION, records.PLURAL)
+POLICIES = (records.GROUP, "v1alpha1", "healthpolicies")
+DEVICE_CLASSES = ("resource.k8s.io", "v1", "deviceclasses")
+NODES = ("v1", "nodes")
 INDEX_NAMES = ("pods", "claims", "templates_by_name")
 HEALTH_INDEX_NAMES = ("slices_by_name", "device_records")
+SIGNALS_INDEX_NAMES = (POLICY_INDEX, CLASS_INDEX, NODE_INDEX)
 PODGROUP_INDEX_NAMES = ("pod_groups",)
 
 
@@ -93,6 +102,7 @@ class RunSettings:
     metrics_cache_seconds: float  # how long a computed gauge is served again (--metrics-cache-period)
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
+    webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
@@ -188,6 +198,21 @@ async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]
     return keys
 
 
+async def health_policies(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """name -> projection: which HealthPolicies route devices (signals/policy.py Router)?"""
+    return {name: projections.health_policy(body)}
+
+
+async def device_classes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """name -> projection (its CEL selectors): which devices does a HealthPolicy's deviceClassName name?"""
+    return {name: projections.device_class(body)}
+
+
+async def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """name -> projection (its conditions only): what do a device's node's conditions say?"""
+    return {name: projections.node(body)}
+
+
 async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection; ("device", driver, pool, device) -> record name: which records mark this
     device? (Asked on every claim and pod event; a scan of all records there made a burst of 1,000
@@ -226,6 +251,8 @@ async def pod_event(type: str | None, namespace: str | None, name: str, body: ko
             runtime.claims.enqueue_if_needed(namespace, name)
     if runtime.health:
         runtime.health.enqueue_for_pod(namespace, pod)
+    if runtime.signals:
+        runtime.signals.enqueue_for_pod(pod, deleted=deleted)
     if runtime.reservations and deleted:
         runtime.reservations.note_deleted_pod(uid)
     if runtime.reservations:
@@ -270,24 +297,50 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
                 runtime.claims.enqueue_if_needed(namespace, pod)
 
 
-async def slice_event(name: str, memo: kopf.Memo, **_: Any) -> None:
+async def slice_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
         runtime.health.enqueue_slice(name)
+    if runtime is not None and runtime.signals is not None:
+        runtime.signals.enqueue_for_slice(name, dict(body), deleted=type == "DELETED")
 
 
-async def record_event(name: str, memo: kopf.Memo, **_: Any) -> None:
+async def record_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
         runtime.health.enqueue_record(name)
+    if runtime is not None and runtime.signals is not None:
+        runtime.signals.enqueue_record(dict(body))
 
 
-def register_health_handlers() -> None:
-    """Watch slices and UnhealthyDevice records only when the health controller runs (its CRD may be absent)."""
+async def policy_event(memo: kopf.Memo, **_: Any) -> None:
+    """A HealthPolicy or a DeviceClass changed: every device with a record or a signal is routed again."""
+    runtime = _leading(memo)
+    if runtime is not None and runtime.signals is not None:
+        runtime.signals.enqueue_all()
+
+
+async def node_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _leading(memo)
+    if runtime is not None and runtime.signals is not None:
+        runtime.signals.enqueue_for_node(name, projections.node(body)["status"]["conditions"],
+                                         deleted=type == "DELETED")
+
+
+def register_health_handlers(*, signals: bool = True) -> None:
+    """Watch slices and UnhealthyDevice records only when the health controller runs (its CRD may be absent);
+    with `signals` (the HealthPolicy CRD is installed) also HealthPolicies, DeviceClasses and Nodes."""
     kopf.index(*SLICES)(slices_by_name)
     kopf.index(*RECORDS)(device_records)
     kopf.on.event(*SLICES)(slice_event)
     kopf.on.event(*RECORDS)(record_event)
+    if signals:
+        kopf.index(*POLICIES)(health_policies)
+        kopf.index(*DEVICE_CLASSES)(device_classes)
+        kopf.index(*NODES)(nodes_by_name)
+        kopf.on.event(*POLICIES)(policy_event)
+        kopf.on.event(*DEVICE_CLASSES)(policy_event)
+        kopf.on.event(*NODES)(node_event)
 
 
 @kopf.on.event(*TEMPLATES)
@@ -367,7 +420,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
              f"{podgroups.GROUP}/{run_settings.podgroup_version}" if run_settings.podgroup_version else "not served")
 
     cache = Cache(index_views({name: kwargs[name]
-                               for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *PODGROUP_INDEX_NAMES)
+                               for name in (*INDEX_NAMES, *HEALTH_INDEX_NAMES, *SIGNALS_INDEX_NAMES,
+                                            *PODGROUP_INDEX_NAMES)
                                if name in kwargs}))
     identity = run_settings.election.identity if run_settings.election else "standalone"
     kube = await Kube.connect(run_settings.kubeconfig, in_cluster() and not run_settings.kubeconfig,
@@ -409,6 +463,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             log.warning("reading the admission policies failed: %s; approvals are not honoured until they are read",
                         exc)
         runtime.background.append(asyncio.create_task(runtime.health.admission.run(), name="admission-policies"))
+        if POLICY_INDEX in kwargs:  # signals run with health, where the HealthPolicy CRD is installed
+            runtime.signals = SignalsController(cache=cache, kube=kube)
+            runtime.add_loop(runtime.signals.queue, runtime.signals.reconcile, workers)
+            await _start_webhook(run_settings, runtime, runtime.signals, memo)
     if "reservations" in run_settings.controllers:
         health = runtime.health
         runtime.reservations = ReservationsController(
@@ -453,6 +511,21 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         log.info("metrics on http://%s:%d/metrics", run_settings.metrics_address, run_settings.metrics_port)
 
 
+async def _start_webhook(run_settings: RunSettings, runtime: Runtime, signals: SignalsController,
+                         memo: kopf.Memo) -> None:
+    """Alertmanager's receiver, when its settings enable it (a token file or a client CA); a standby answers 503."""
+    settings = run_settings.webhook
+    if settings is None or not settings.enabled:
+        return
+    from .signals import alerts, webhook
+
+    def resolve(alert: alerts.Alert) -> records.DeviceRef | None:
+        return alerts.resolve_device(alert, runtime.cache.resource_slices())
+
+    memo.webhook = await webhook.serve(settings, signals.observe, resolve, lambda: runtime.leading)
+    log.info("Alertmanager webhook on %s:%d", settings.address, settings.port)
+
+
 def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
     """Kopf's settings for claimwarden (the in-process measurements of the hot path use them too)."""
     settings.scanning.disabled = True
@@ -482,6 +555,9 @@ def _claim_samples(cache: Cache, namespace: str) -> list[metrics.ClaimSample]:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
+    receiver = memo.get("webhook")
+    if receiver is not None:
+        await receiver.stop()
     if runtime is not None:
         await runtime.drain()
         await runtime.kube.close()
@@ -519,12 +595,12 @@ def probe_version(**_: Any) -> str:
     return __version__
 
 
-def records_crd_installed(*, kubeconfig: str | None) -> bool:
+def records_crd_installed(*, kubeconfig: str | None, plural: str = records.PLURAL) -> bool:
     configuration = _client_configuration(kubeconfig)
     with sync_client.ApiClient(configuration) as api:
         try:
             sync_client.CustomObjectsApi(api).list_cluster_custom_object(
-                records.GROUP, records.VERSION, records.PLURAL, limit=1)
+                records.GROUP, records.VERSION, plural, limit=1)
         except sync_client.ApiException as exc:
             if exc.status == 404:
                 return False

@@ -42,6 +42,8 @@ SLICE_BY_POOL = "pool"
 # app.py's index of each kind, by its Kopf handler id.
 POD_INDEX, CLAIM_INDEX, PODGROUP_INDEX, RECORD_INDEX = "pods", "claims", "pod_groups", "device_records"
 SLICE_INDEX = "slices_by_name"
+# The signals' indices (only with the health controller): plain name -> projection.
+POLICY_INDEX, CLASS_INDEX, NODE_INDEX = "health_policies", "device_classes", "nodes_by_name"
 
 
 class Primary:
@@ -162,6 +164,9 @@ class Cache:
         self._slices_by_pool: IndexLike = indices.get("slices_by_pool", {})
         self._records: IndexLike = indices.get("records_by_name", {})
         self._records_by_device: IndexLike = indices.get("records_by_device", {})
+        self._policies: IndexLike = indices.get(POLICY_INDEX, {})
+        self._classes: IndexLike = indices.get(CLASS_INDEX, {})
+        self._nodes: IndexLike = indices.get(NODE_INDEX, {})
         # Only indexed where the cluster serves PodGroups.
         self._podgroups: IndexLike = indices.get("podgroups_by_name", {})
         self._podgroups_by_template: IndexLike = indices.get("podgroups_by_template", {})
@@ -293,6 +298,27 @@ class Cache:
     def records(self) -> list[Body]:
         return [record for name in list(self._records) if (record := self.record(str(name))) is not None]
 
+    def health_policies(self) -> list[Body]:
+        return [found for name in sorted(str(n) for n in list(self._policies))
+                if (found := _one(self._policies, name)) is not None]
+
+    def device_class_selectors(self) -> dict[str, list[str]]:
+        """DeviceClass name -> the CEL expressions of its selectors (a HealthPolicy's deviceClassName)."""
+        found: dict[str, list[str]] = {}
+        for name in list(self._classes):
+            device_class = _one(self._classes, name)
+            if device_class is not None:
+                found[str(name)] = [str(((s.get("cel") or {}).get("expression")) or "")
+                                    for s in (device_class.get("spec") or {}).get("selectors") or []]
+        return found
+
+    def node_names(self) -> list[str]:
+        return sorted(str(name) for name in list(self._nodes))
+
+    def node_conditions(self, name: str) -> list[Body]:
+        node = _one(self._nodes, name)
+        return list(((node or {}).get("status") or {}).get("conditions") or [])
+
     def claims(self) -> Iterator[Body]:
         for key in self.claim_keys():
             claim = self.claim(*key)
@@ -303,7 +329,9 @@ class Cache:
         """Every indexed object by kind (stale ones included), for `staleness.prune_stale`."""
         return {"pods": _values(self._pods), "resourceclaims": _values(self._claims),
                 "resourceclaimtemplates": _values(self._templates), "resourceslices": _values(self._slices),
-                "unhealthydevices": _values(self._records), "podgroups": _values(self._podgroups)}
+                "unhealthydevices": _values(self._records), "podgroups": _values(self._podgroups),
+                "healthpolicies": _values(self._policies), "deviceclasses": _values(self._classes),
+                "nodes": _values(self._nodes)}
 
 
 class PodsView(Mapping[Key, Body]):

@@ -94,6 +94,16 @@ _qps = _rate("evictions", "no budget")
 _api_qps = _rate("API requests", "no limit")
 
 
+def _alert_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate of alerts per second above 0")
+    return value
+
+
 def _burst(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of requests (1 or more)")
@@ -180,6 +190,25 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--eviction-workers", type=_count, default=32,
                      help="evictions (and marked devices' records) handled at once; the breaker and the budget "
                           "still bound what they start (default: %(default)s)")
+    run.add_argument("--alert-webhook-address", default="0.0.0.0",
+                     help="Alertmanager webhook: listen address (default: %(default)s)")
+    run.add_argument("--alert-webhook-port", type=int, default=8443,
+                     help="Alertmanager webhook: port; 0 turns it off. It is off anyway unless --alert-token-file "
+                          "or --alert-client-ca-file is given (default: %(default)s)")
+    run.add_argument("--alert-token-file", metavar="FILE",
+                     help="Alertmanager webhook: bearer tokens, one a line, that callers must present (Alertmanager's "
+                          "http_config.authorization.credentials_file); read again when the file changes")
+    run.add_argument("--alert-tls-cert-file", metavar="FILE",
+                     help="Alertmanager webhook: serve HTTPS with this certificate (reloaded when it changes)")
+    run.add_argument("--alert-tls-key-file", metavar="FILE", help="Alertmanager webhook: the certificate's key")
+    run.add_argument("--alert-client-ca-file", metavar="FILE",
+                     help="Alertmanager webhook: require client certificates signed by this CA (mTLS; needs "
+                          "--alert-tls-cert-file)")
+    run.add_argument("--alert-rate", type=_alert_rate, default=50.0,
+                     help="Alertmanager webhook: new firing alerts per second accepted; more are answered 429 "
+                          "(default: %(default)s)")
+    run.add_argument("--alert-burst", type=_burst, default=200,
+                     help="Alertmanager webhook: new firing alerts accepted at once (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -227,6 +256,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
     from .health import breaker
     from .health.controller import HealthSettings
     from .leader.elector import ElectionSettings, default_identity
+    from .signals.webhook import WebhookSettings
 
     namespace = args.namespace or own_namespace()
     election = None
@@ -238,6 +268,12 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
             retry_seconds=args.leader_elect_retry_period)
         if election.problems():
             raise SettingsError("; ".join(election.problems()))
+    webhook = WebhookSettings(
+        address=args.alert_webhook_address, port=args.alert_webhook_port, token_file=args.alert_token_file,
+        tls_cert_file=args.alert_tls_cert_file, tls_key_file=args.alert_tls_key_file,
+        client_ca_file=args.alert_client_ca_file, rate=args.alert_rate, burst=args.alert_burst)
+    if webhook.problems():
+        raise SettingsError("; ".join(webhook.problems()))
     health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
@@ -250,7 +286,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         resync_seconds=args.resync_period, metrics_cache_seconds=args.metrics_cache_period,
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
         api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
-        workers=args.workers, election=election, health=health)
+        workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -286,7 +322,11 @@ def _run(args: argparse.Namespace) -> int:
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
-        app.register_health_handlers()
+        signals = app.records_crd_installed(kubeconfig=settings.kubeconfig, plural="healthpolicies")
+        if not signals:
+            print("claimwarden: the HealthPolicy CRD (healthpolicies.claimwarden.io) is not installed; device health "
+                  "from signals is off ('kubectl apply -k crds/' installs it)", file=sys.stderr)
+        app.register_health_handlers(signals=signals)
     kopf_state = runtime.KopfState()
     # Kopf's peering is off, but Kopf still names the process, by default from getpass.getuser(),
     # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as

@@ -91,6 +91,36 @@ ADMISSION_POLICY = Gauge("claimwarden_admission_policy_installed", "1 while the 
 APPROVALS_IGNORED = Counter("claimwarden_approvals_ignored_total", "Records whose approval claimwarden found it may "
                             "not honour, by reason (ApprovalPolicyMissing, ApprovalStale, ApprovalIncomplete); "
                             "counted once each time a record's approval turns so.", ["reason"], registry=REGISTRY)
+SIGNAL_OBSERVATIONS = Counter("claimwarden_signal_observations_total", "New observations of device health "
+                              "signals, by source (DriverTaint, PodStatus, Alertmanager, NodeCondition) and state "
+                              "(Unhealthy, Healthy, Unknown), written to a record or not.", ["source", "state"],
+                              registry=REGISTRY)
+SIGNAL_UNMATCHED = Counter("claimwarden_signal_unmatched_total", "New observations that no rule of the device's "
+                           "HealthPolicy matches (or no policy routes the device): counted, not written.",
+                           ["source"], registry=REGISTRY)
+SIGNAL_UNKNOWN = Counter("claimwarden_signal_unknown_total", "KEP-4680 health Unknown seen for a device: the "
+                         "kubelet lost the signal; never acted on.", ["driver"], registry=REGISTRY)
+POLICY_DECISIONS = Counter("claimwarden_policy_decisions_total", "A signal record's deciding rule, effect or mode "
+                           "changed (mode Shadow: what the rule would do is in status.decision.would).",
+                           ["policy", "rule", "effect", "mode"], registry=REGISTRY)
+WORKLOAD_FAULTS = Counter("claimwarden_workload_faults_total", "Faults not marked because the same signal was seen "
+                          "on too many devices (the rule's workloadFault): a workload's fault, not hardware.",
+                          ["policy", "rule"], registry=REGISTRY)
+SIGNAL_ORPHANED = Counter("claimwarden_signal_marks_orphaned_total", "Signal marks whose policy or rule went away (a "
+                          "policy edited or deleted, a DeviceClass or CEL selector that no longer matches): the mark "
+                          "holds until a person's clear --verified.", registry=REGISTRY)
+SIGNAL_RECOVERIES = Counter("claimwarden_signal_recoveries_total", "Signal marks cleared, by the source of the "
+                            "healthy signal (DriverTaint, PodStatus; verified: a person's clear --verified).",
+                            ["source"], registry=REGISTRY)
+SIGNAL_ESCALATIONS = Counter("claimwarden_signal_escalations_total", "Signal marks escalated by a re-fault within "
+                             "the policy's refaultWindow; only a verified clear recovers them.", registry=REGISTRY)
+WEBHOOK_REQUESTS = Counter("claimwarden_webhook_requests_total", "Calls to the Alertmanager webhook, by the HTTP "
+                           "status answered (200, 400 malformed, 401 unauthenticated, 413 too large, 429 over the "
+                           "rate, 503 standby or not written).", ["code"], registry=REGISTRY)
+WEBHOOK_ALERTS = Counter("claimwarden_webhook_alerts_total", "Alerts the webhook received, by result (observed: "
+                         "handed to its device's record; duplicate: seen within the hour; resolved: ignored, "
+                         "resolving is not recovery; unresolved_device: no device found from its labels; "
+                         "rate_limited: refused with 429).", ["result"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
 

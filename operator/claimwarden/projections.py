@@ -69,10 +69,25 @@ def pod(body: Mapping[str, Any]) -> Body:
         "status": {"phase": status.get("phase"),
                    "resourceClaimStatuses": copy.deepcopy(status.get("resourceClaimStatuses") or [])},
     }
+    health = _device_health(status)
+    if health:
+        projected["status"].update(health)
     extended = status.get("extendedResourceClaimStatus") or {}
     if extended.get("resourceClaimName"):  # the request mappings are the kubelet's business
         projected["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": extended["resourceClaimName"]}
     return projected
+
+
+def _device_health(status: Mapping[str, Any]) -> Body:
+    """Of the container statuses, only the KEP-4680 device health (signals/podhealth.py reads it): a
+    container without it is left out, and so is the field when no container has it."""
+    kept: Body = {}
+    for field in ("containerStatuses", "initContainerStatuses"):
+        entries = [{"name": c.get("name"), "allocatedResourcesStatus": copy.deepcopy(c["allocatedResourcesStatus"])}
+                   for c in status.get(field) or [] if c.get("allocatedResourcesStatus")]
+        if entries:
+            kept[field] = entries
+    return kept
 
 
 def claim(body: Mapping[str, Any]) -> Body:
@@ -153,8 +168,39 @@ def resource_slice(body: Mapping[str, Any]) -> Body:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": _with(_meta(body), "annotations", marks),
             "spec": {"driver": spec.get("driver"), "nodeName": spec.get("nodeName"),
-                     "pool": {"name": pool.get("name"), "generation": pool.get("generation")},
-                     "devices": [{"name": d.get("name")} for d in spec.get("devices") or []]}}
+                     "pool": {"name": pool.get("name"), "generation": pool.get("generation"),
+                              "resourceSliceCount": pool.get("resourceSliceCount")},
+                     **({"perDeviceNodeSelection": True} if spec.get("perDeviceNodeSelection") else {}),
+                     "devices": [_slice_device(d) for d in spec.get("devices") or []]}}
+
+
+SLICE_DEVICE_KEPT = ("name", "attributes", "capacity", "taints", "nodeName", "allowMultipleAllocations")
+"""Of a slice's device: the taints (a driver's health signal), the attributes and capacity (a HealthPolicy's
+selector and DeviceClass route on them, an alert's UUID resolves through them) and per-device nodeName."""
+
+
+def _slice_device(device: Mapping[str, Any]) -> Body:
+    return {k: copy.deepcopy(device[k]) for k in SLICE_DEVICE_KEPT if device.get(k) is not None}
+
+
+def node(body: Mapping[str, Any]) -> Body:
+    """Only the conditions' type, status, reason and time (a HealthPolicy's NodeCondition rules)."""
+    conditions = [{k: c.get(k) for k in ("type", "status", "reason", "lastTransitionTime") if c.get(k) is not None}
+                  for c in (body.get("status") or {}).get("conditions") or []]
+    return {"apiVersion": "v1", "kind": "Node", "metadata": _meta(body), "status": {"conditions": conditions}}
+
+
+def health_policy(body: Mapping[str, Any]) -> Body:
+    return {"apiVersion": body.get("apiVersion"), "kind": "HealthPolicy", "metadata": _meta(body, "generation"),
+            "spec": copy.deepcopy(dict(body.get("spec") or {}))}
+
+
+def device_class(body: Mapping[str, Any]) -> Body:
+    """Only the CEL selectors (a HealthPolicy's deviceClassName routes by them)."""
+    selectors = [{"cel": {"expression": (s.get("cel") or {}).get("expression")}}
+                 for s in (body.get("spec") or {}).get("selectors") or [] if (s.get("cel") or {}).get("expression")]
+    return {"apiVersion": body.get("apiVersion"), "kind": "DeviceClass", "metadata": _meta(body),
+            "spec": {"selectors": selectors}}
 
 
 def record(body: Mapping[str, Any]) -> Body:

@@ -29,6 +29,7 @@ from .health.controller import HealthController
 from .kube.api import Kube
 from .leader.elector import Elector
 from .reservations.controller import ReservationsController
+from .signals.controller import SignalsController
 from .workqueue import Reconcile, WorkQueue, run_workers
 
 log = logging.getLogger("claimwarden")
@@ -58,6 +59,7 @@ class Runtime:
     podgroups: PodGroupsController | None = None  # only where the cluster serves PodGroups
     reservations: ReservationsController | None = None
     health: HealthController | None = None
+    signals: SignalsController | None = None  # with health, where the HealthPolicy CRD is installed
     elector: Elector | None = None
     election: asyncio.Task[None] | None = None
     """The elector's loop: kept renewing through a drain (the fence then still lets the last writes out)."""
@@ -98,6 +100,8 @@ class Runtime:
                 self.health.enqueue_slice(name)
             for record in self.health.record_names():
                 self.health.enqueue_record(record)
+        if self.signals:
+            self.signals.enqueue_all()
 
     async def _resync(self) -> None:
         """Every few minutes look at everything again, so nothing depends on a single event.

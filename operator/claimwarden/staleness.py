@@ -36,6 +36,9 @@ KINDS = {
     "resourceclaimtemplates": Kind("/apis/resource.k8s.io/v1", "resourceclaimtemplates", namespaced=True),
     "resourceslices": Kind("/apis/resource.k8s.io/v1", "resourceslices", namespaced=False),
     "unhealthydevices": Kind("/apis/claimwarden.io/v1alpha1", "unhealthydevices", namespaced=False),
+    "healthpolicies": Kind("/apis/claimwarden.io/v1alpha1", "healthpolicies", namespaced=False),
+    "deviceclasses": Kind("/apis/resource.k8s.io/v1", "deviceclasses", namespaced=False),
+    "nodes": Kind("/api/v1", "nodes", namespaced=False),
 }
 
 

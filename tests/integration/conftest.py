@@ -50,7 +50,8 @@ def install_crds(state: cluster.LabState) -> None:
     for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "leader-election-rbac.yaml"):
         subprocess.run([*kubectl, "apply", "-f", str(BASE / name)], check=True, capture_output=True)
     subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/unhealthydevices.claimwarden.io"], check=True, capture_output=True)
+                    "crd/unhealthydevices.claimwarden.io", "crd/healthpolicies.claimwarden.io"],
+                   check=True, capture_output=True)
 
 
 def service_account_kubeconfig(state: cluster.LabState) -> Path:
@@ -221,3 +222,47 @@ def image() -> str:
     from .test_image import build_image
 
     return build_image()
+
+
+@pytest.fixture(scope="session")
+def signals_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LabState]:
+    """One lab for the signals' tests (test_signals_*.py): driver taints (the device-taints preset) and
+    KEP-4680 pod health (gate ResourceHealthStatus, on by default from 1.36) served; audited over its life."""
+    gates = "ResourceHealthStatus=true" if lab_kubernetes() < "1.36" else ""
+    with extra_lab(tmp_path_factory, Rules(max_writes=SIGNALS_MAX_WRITES), nodes=1, gpus_per_node=8,
+                   presets="device-taints", feature_gates=gates) as state:
+        yield state
+
+
+SIGNALS_MAX_WRITES = 40
+"""Writes per object over the signals lab's life: its tests reuse one node's devices and each test writes a
+device's signal record a few times (created, status, spec, recovered, deleted)."""
+
+
+@pytest.fixture(scope="session")
+def signals_operator(signals_lab: cluster.LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    process = Operator(service_account_kubeconfig(signals_lab),
+                       tmp_path_factory.mktemp("signals") / "claimwarden.log")
+    process.start()
+    yield process
+    code = process.stop()
+    assert code in (None, 0), f"claimwarden exited with {code} at the end of the signals session"
+
+
+@pytest.fixture
+def signals_api(signals_lab: cluster.LabState) -> Iterator[client.ApiClient]:
+    api_client = config.new_client_from_config(config_file=str(signals_lab.kubeconfig))
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def signals_namespace(signals_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the signals lab with the claim template single-gpu; deleted (and waited for) afterwards."""
+    from .helpers import template
+
+    name = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    client.CoreV1Api(signals_api).create_namespace(body={"metadata": {"name": name}})
+    client.ResourceV1Api(signals_api).create_namespaced_resource_claim_template(name, body=template("single-gpu"))
+    yield name
+    delete_namespace(signals_api, name)

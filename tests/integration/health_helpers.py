@@ -1,10 +1,12 @@
-"""Marking devices and reading UnhealthyDevice records in the lab."""
+"""Marking devices, reading UnhealthyDevice records and reporting device health (KEP-4680) in the lab."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from .helpers import wait_for
 
@@ -87,3 +89,67 @@ def wait_gone(api: client.ApiClient, namespace: str, pod: str, timeout: float = 
         return not any(p.metadata.name == pod for p in core.list_namespaced_pod(namespace).items)
 
     wait_for(f"pod {pod} evicted and gone", gone, timeout)
+
+
+def running_pod(api: client.ApiClient, namespace: str, pod: str, timeout: float = 60) -> dict[str, Any]:
+    """The pod as raw JSON once kwok has made it Running with its container statuses.
+
+    kwok writes a pod's whole status once, when it starts the pod; a status written before that is lost.
+    """
+    core = client.CoreV1Api(api)
+
+    def probe() -> dict[str, Any] | None:
+        found: dict[str, Any] = json.loads(core.read_namespaced_pod(pod, namespace, _preload_content=False).data)
+        status = found.get("status") or {}
+        return found if status.get("phase") == "Running" and status.get("containerStatuses") else None
+
+    return wait_for(f"pod {namespace}/{pod} Running", probe, timeout)
+
+
+def write_device_health(api: client.ApiClient, namespace: str, pod: str, health: str, *,
+                        container: str | None = None, device: str | None = None, message: str = "") -> dict[str, Any]:
+    """Report ``health`` (Healthy, Unhealthy or Unknown) for the pod's DRA devices in
+    ``status.containerStatuses[].allocatedResourcesStatus`` (KEP-4680), through the pods/status subresource
+    as a kubelet does; returns the pod's status as the apiserver kept it.
+
+    Every container (or the one named) reports every device allocated to each claim it uses (or only
+    ``device``). The entry's name is ``claim:<name>[/<request>]`` with the container's claim reference
+    (``spec.containers[].resources.claims[]``, i.e. ``pod.spec.resourceClaims[].name``): the apiserver
+    refuses any other name, the ResourceClaim's own name included. Before 1.36 it drops ``message``
+    (no ResourceHealthStatusMessage gate), and without ResourceHealthStatus the whole field.
+    """
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    for _ in range(5):
+        body = running_pod(api, namespace, pod)
+        generated = {s["name"]: s.get("resourceClaimName") for s in body["status"].get("resourceClaimStatuses") or []}
+        claim_names = {c["name"]: c.get("resourceClaimName") or generated.get(c["name"])
+                       for c in body["spec"].get("resourceClaims") or []}
+        containers = {c["name"]: c for c in body["spec"]["containers"]}
+        for status in body["status"]["containerStatuses"]:
+            if container is not None and status["name"] != container:
+                continue
+            entries = []
+            for use in (containers[status["name"]].get("resources") or {}).get("claims") or []:
+                claim = claim_names.get(use["name"])
+                if not claim:
+                    continue
+                allocation = json.loads(resource.read_namespaced_resource_claim(
+                    claim, namespace, _preload_content=False).data).get("status", {}).get("allocation") or {}
+                request = use.get("request") or ""
+                results = [r for r in (allocation.get("devices") or {}).get("results") or []
+                           if (not request or r["request"] == request or r["request"].startswith(request + "/"))
+                           and (device is None or r["device"] == device)]
+                resources = [{"resourceID": f"{r['driver']}/{r['pool']}/{r['device']}", "health": health,
+                              **({"message": message} if message else {})} for r in results]
+                if resources:
+                    entries.append({"name": f"claim:{use['name']}" + (f"/{request}" if request else ""),
+                                    "resources": resources})
+            status["allocatedResourcesStatus"] = entries
+        try:
+            written: dict[str, Any] = json.loads(core.replace_namespaced_pod_status(
+                pod, namespace, body, _preload_content=False).data)
+            return dict(written["status"])
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError(f"pod {namespace}/{pod} kept changing: its status was not written")

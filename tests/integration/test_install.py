@@ -72,6 +72,12 @@ def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
     ("patch", "resourceclaims.resource.k8s.io/status", True),
     ("create", "resourceclaims.resource.k8s.io", True),
     ("patch", "unhealthydevices.claimwarden.io/status", True),
+    # Device health from signals: HealthPolicies, DeviceClasses and Nodes are only read.
+    ("watch", "healthpolicies.claimwarden.io", True),
+    ("patch", "healthpolicies.claimwarden.io", False),
+    ("list", "deviceclasses.resource.k8s.io", True),
+    ("watch", "nodes", True),
+    ("patch", "nodes", False),
     # Is the approval policy installed? (health/admission.py) Read only; it may not weaken the policy.
     ("get", "validatingadmissionpolicies.admissionregistration.k8s.io", True),
     ("list", "validatingadmissionpolicybindings.admissionregistration.k8s.io", True),

@@ -33,7 +33,7 @@ PROMETHEUS, PROMTOOL = Path("/usr/bin/prometheus"), Path("/usr/bin/promtool")
 ALERTS = {"ClaimwardenUnhealthyDeviceHasPods", "ClaimwardenEvictionBlockedByPDB", "ClaimwardenEvictionBreakerOpen",
           "ClaimwardenNoLeader", "ClaimwardenClaimNearReservationLimit", "ClaimwardenDown", "ClaimwardenAbsent",
           "ClaimwardenDeviceTaintRuleSelectsEverything", "ClaimwardenClaimPendingTooLong",
-          "ClaimwardenApprovalPolicyMissing"}
+          "ClaimwardenApprovalPolicyMissing", "ClaimwardenDeviceHealthUnknown"}
 
 
 def tool(path: Path) -> str:

@@ -35,9 +35,22 @@ def test_podgroups_before_1_36_are_refused_with_the_reason(version: str) -> None
 
 
 def test_an_unknown_preset_names_the_known_ones() -> None:
-    with pytest.raises(LabError, match="device-taints, extended-resources, podgroups"):
+    with pytest.raises(LabError, match="device-taints, extended-resources, podgroups, resource-health"):
         presets.resolve("1.37.2", "gpus")
 
 
 def test_no_preset_leaves_the_given_values_alone() -> None:
     assert presets.resolve("1.34.4", "", "A=true", "b/v1=true") == ("A=true", "b/v1=true")
+
+
+@pytest.mark.parametrize(("version", "gates"), [
+    ("1.34.4", "ResourceHealthStatus=true"), ("1.35.4", "ResourceHealthStatus=true"),
+    ("1.36.3", ""), ("1.37.2", ""),
+])
+def test_resource_health_turns_the_alpha_gate_on_before_1_36(version: str, gates: str) -> None:
+    assert presets.resolve(version, "resource-health") == (gates, "")
+
+
+def test_signals_presets_combine_on_1_34() -> None:
+    assert presets.resolve("1.34.4", "device-taints,resource-health") == (
+        "DRADeviceTaints=true,ResourceHealthStatus=true", "resource.k8s.io/v1alpha3=true")

@@ -88,6 +88,38 @@ def test_login_reads_the_kubeconfig_from_the_memo(tmp_path: Path) -> None:
     assert (info.server, info.token, info.insecure) == ("https://127.0.0.1:6443", "secret-token", True)
 
 
+def test_the_alert_webhook_is_off_by_default_and_on_with_a_token_file(tmp_path: Path) -> None:
+    assert _settings().webhook is None
+    assert _settings("--alert-webhook-port=9443").webhook is None  # still no way to authenticate callers
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    settings = _settings(f"--alert-token-file={token}", "--alert-webhook-address=127.0.0.1",
+                         "--alert-rate=5", "--alert-burst=7")
+    assert settings.webhook is not None and settings.webhook.enabled
+    assert (settings.webhook.address, settings.webhook.port, settings.webhook.token_file) == (
+        "127.0.0.1", 8443, str(token))
+    assert (settings.webhook.rate, settings.webhook.burst) == (5.0, 7)
+    assert _settings(f"--alert-token-file={token}", "--alert-webhook-port=0").webhook is None
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--alert-client-ca-file=/etc/ca.crt"], "needs --alert-tls-cert-file"),
+    (["--alert-tls-cert-file=/etc/tls.crt", "--alert-tls-key-file=/etc/tls.key"], "without --alert-token-file"),
+    (["--alert-tls-cert-file=/etc/tls.crt"], "go together"),
+    (["--alert-token-file=/nonexistent/token"], "/nonexistent/token is not a file"),
+])
+def test_bad_alert_webhook_flags_are_a_start_up_error(flags: list[str], words: str) -> None:
+    with pytest.raises(cli.SettingsError, match=words):
+        _settings(*flags)
+
+
+@pytest.mark.parametrize("flag", ["--alert-rate=0", "--alert-rate=-1", "--alert-rate=fast", "--alert-burst=0"])
+def test_alert_rates_must_be_positive(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _settings(flag)
+    assert "--alert-" in capsys.readouterr().err
+
+
 def test_the_namespace_is_the_pods_own_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     namespace_file = tmp_path / "namespace"
     assert cli.own_namespace({}, namespace_file) == "claimwarden-system"  # outside a pod

@@ -99,8 +99,11 @@ def truncate_name(name: str, limit: int) -> str:
     return name if len(name) <= limit else name[:limit].rstrip("-.")
 
 
-def record_name(ref: DeviceRef) -> str:
+def record_name(ref: DeviceRef, *, salt: str = "") -> str:
     """The deterministic UnhealthyDevice name of a device: `<pool>.<device>.<hash>`.
+
+    `salt` goes before the hash input: the signals' record of a device (``signals/``) is another object than
+    its annotation record, so that each source deletes only its own.
 
     The hash (of driver, pool and device) keeps devices of different drivers apart when their pool
     and device names are the same, and keeps cleaned-up or shortened names unique. The pool part
@@ -110,7 +113,7 @@ def record_name(ref: DeviceRef) -> str:
     room_for_pool = NAME_MAX - HASH_LENGTH - 1 - (len(device) + 1 if device else 0)
     pool = to_subdomain_part(ref.pool, room_for_pool)
     parts = [part for part in (pool, device) if part]
-    return ".".join([*parts, short_hash(f"{ref.driver}/{ref.pool}/{ref.device}")])
+    return ".".join([*parts, short_hash(f"{salt}{ref.driver}/{ref.pool}/{ref.device}")])
 
 
 def label_value(name: str) -> str:

@@ -77,6 +77,9 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     _common(mark, output=("json", "yaml"))
     clear = sub.add_parser("clear", help="clear a device's mark (deletes the record, or removes the slice annotation)")
     clear.add_argument("device", metavar="DEVICE", help="[driver/]pool/device")
+    clear.add_argument("--verified", action="store_true",
+                       help="for a mark made from health signals: you checked the device and it is healthy; "
+                            "older signals never mark it again")
     _common(clear, output=("json", "yaml"))
     approve = sub.add_parser("approve", help="let a marked device's evictions past the eviction breaker, as you")
     approve.add_argument("device", metavar="DEVICE", help="[driver/]pool/device of the marked device")
@@ -352,10 +355,19 @@ def _clear(cluster: Any, args: argparse.Namespace) -> int:
     snapshot = cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace)
     try:
         ref = resolve(snapshot, args.device)
-        plan = plan_clear(snapshot, ref)
+        plan = plan_clear(snapshot, ref, verified=args.verified)
     except MarkError as exc:
         raise InputError(str(exc)) from None
-    if plan.remove_annotation is not None:
+    if plan.verify_record is not None:
+        from claimwarden.signals.records import VERIFIED_ANNOTATION
+        from claimwarden.timestamps import now_rfc3339
+
+        cluster.request("PATCH", f"{RECORDS}/{plan.verify_record}",
+                        {"metadata": {"annotations": {VERIFIED_ANNOTATION: now_rfc3339()}}},
+                        content_type="application/merge-patch+json")
+        message = (f"{ref}: verified healthy (annotated unhealthydevice/{plan.verify_record}); claimwarden clears the "
+                   "mark and never counts older signals again")
+    elif plan.remove_annotation is not None:
         slice_name, key = plan.remove_annotation
         cluster.request("PATCH", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name}",
                         {"metadata": {"annotations": {key: None}}}, content_type="application/merge-patch+json")

@@ -77,7 +77,9 @@ def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, e
     if expires_at:
         spec["expiresAt"] = expires_at
     existing = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
-    if existing is None:
+    from claimwarden.signals.records import is_signal_record
+
+    if existing is None or is_signal_record(existing):  # the signals' record is theirs: a person's mark is apart
         return MarkPlan(create={"apiVersion": records.API_VERSION, "kind": records.KIND,
                                 "metadata": {"name": records.record_name(ref)}, "spec": spec})
     if records.is_from_annotation(existing):
@@ -92,10 +94,29 @@ class ClearPlan:
     delete_record: str | None = None
     remove_annotation: tuple[str, str] | None = None
     """(slice name, annotation key)"""
+    verify_record: str | None = None
+    """A signal record to annotate with a person's verified clear (claimwarden.io/verified-at)."""
 
 
-def plan_clear(snapshot: Snapshot, ref: DeviceRef) -> ClearPlan:
-    record = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
+def plan_clear(snapshot: Snapshot, ref: DeviceRef, *, verified: bool = False) -> ClearPlan:
+    """What `clear` does: remove the annotation or delete the record; for the signals' record of the device, only
+    with `verified` (a person checked the device): the annotation claimwarden.io/verified-at, after which the
+    signals controller recovers it and never counts older observations again. Deleting it would lose that history
+    and the next reconcile would mark the device again from the same observations."""
+    from claimwarden.signals.records import is_signal_record, signal_record_name
+
+    signal = next((r for r in snapshot.records if is_signal_record(r)
+                   and (r.get("metadata") or {}).get("name") == signal_record_name(ref)), None)
+    if verified:
+        if signal is None:
+            raise MarkError(f"{ref} has no signal record ({signal_record_name(ref)}): --verified clears only marks "
+                            "made from health signals")
+        return ClearPlan(verify_record=signal["metadata"]["name"])
+    others = [r for r in snapshot.records if r is not signal and records.record_ref(r) == ref]
+    if signal is not None and not others:
+        raise MarkError(f"{ref} was marked from health signals (record {signal['metadata']['name']}); after checking "
+                        "the device, clear it with --verified")
+    record = others[0] if others else None
     if record is None:
         raise MarkError(f"{ref} is not marked (no UnhealthyDevice record names it)")
     if records.is_from_annotation(record):

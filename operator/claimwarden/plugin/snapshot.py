@@ -176,10 +176,14 @@ class Snapshot:
 
     @cached_property
     def records_by_device(self) -> dict[DeviceId, Obj]:
+        """A device's record; a person's or an annotation's before the signals' one (signals/records.py), which
+        `mark` must not take over and `clear` handles apart (plan_clear)."""
         out: dict[DeviceId, Obj] = {}
         for record in self.records:
             spec = record.get("spec") or {}
-            out[(spec.get("driver", ""), spec.get("pool", ""), spec.get("device", ""))] = record
+            key = (spec.get("driver", ""), spec.get("pool", ""), spec.get("device", ""))
+            if key not in out or spec.get("source") != "signals":
+                out[key] = record
         return out
 
 

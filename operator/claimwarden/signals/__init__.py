@@ -1,0 +1,24 @@
+"""Device health from the signals a cluster already emits (README "Health from signals", issue 21).
+
+A device's signals become *observations* (source, signal, value, state, when), kept in the status of
+one UnhealthyDevice per device (``spec.source: signals``); a HealthPolicy decides from them what the
+record's effect is, and the health controller (``health/``) then acts on that effect exactly as on
+any other record: breaker, drain modes, budget and approval are the same for every source.
+
+Modules, by what they decide or do:
+
+- ``observations``: the Observation and how a record's list of them is merged and bounded (pure).
+- ``policy``: HealthPolicy parsing, durations, and the router that picks a device's policy (pure;
+  CEL through ``plugin.cel``).
+- ``decide``: a device's observations and history -> its effect, shadow or enforced, recovery and
+  escalation (pure, deterministic: replaying a trace gives the same decisions).
+- ``taints``, ``podhealth``, ``nodes``: the level-based sources read from the caches (driver taints of
+  complete pools, KEP-4680 ``allocatedResourcesStatus``, node conditions) as observations (pure).
+- ``alerts``, ``webhook``: the pushed source, Alertmanager's webhook (authenticated; ``resolved`` is
+  never recovery: a crashed exporter resolves its alerts too).
+- ``records``: the signal record's name, body and status shape.
+- ``controller``: one device at a time: collect, route, merge, decide, write.
+
+What ``Unknown`` means: the kubelet lost the signal (KEP-4680). It is counted
+(``claimwarden_signal_unknown_total``) and alerted on, never acted on.
+"""
