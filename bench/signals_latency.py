@@ -44,6 +44,7 @@ from typing import Any
 
 from eviction_throughput import AGENTS, Audit, _cpu_seconds  # bench/, beside this file
 from kubernetes import client, config, watch
+from signals_burst import create_gpu_pods, install_crds
 
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals.records import signal_record_name
@@ -310,11 +311,7 @@ def measure(signals: int, nodes: int, version: str, directory: Path) -> dict[str
     state = cluster.up(options, say=lambda line: print(f"lab: {line}"))
     operator = records = None
     try:
-        kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
-        subprocess.run([*kubectl, "apply", "-k", str(ROOT / "crds")], check=True, capture_output=True)
-        subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/unhealthydevices.claimwarden.io", "crd/healthpolicies.claimwarden.io"],
-                       check=True, capture_output=True)
+        install_crds(state)
         api = config.new_client_from_config(config_file=str(state.kubeconfig))
         # claimwarden first: it makes the pods' claims from their template (the lab's KCM does not).
         token = secrets.token_hex(16)
@@ -329,16 +326,7 @@ def measure(signals: int, nodes: int, version: str, directory: Path) -> dict[str
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "operator")})
         client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "healthpolicies", POLICY)
         core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        client.ResourceV1Api(api).create_namespaced_resource_claim_template(NAMESPACE, {
-            "metadata": {"name": "gpu"}, "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}})
-        for n in range(2 * signals):  # half report their health, half are evicted
-            core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": f"p{n:03d}"}, "spec": {
-                "terminationGracePeriodSeconds": 0, "resourceClaims": [
-                    {"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-                "containers": [{"name": "ctr0", "image": "registry.example/busybox:1",
-                                "resources": {"claims": [{"name": "gpu"}]}}]}})
+        create_gpu_pods(api, NAMESPACE, 2 * signals)  # half report their health, half are evicted
         deadline = time.monotonic() + 300
         while True:
             held = _allocated(api)
