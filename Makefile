@@ -25,7 +25,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench bench-smoke chaos soak bench-explain
+	install uninstall deploy undeploy image podman lock bench bench-smoke bench-signals chaos soak bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -94,6 +94,10 @@ bench: venv bins ## issue 19's table: claimwarden against kube-controller-manage
 
 bench-smoke: venv bins ## every section of make bench at small scale (200 pods, 30 nodes), to exercise the bench code
 	$(BIN)/python bench/suite.py --pods 200 --nodes 30 $(BENCH_ARGS)
+
+bench-signals: venv bins ## issue 21's targets: one signal at a time per source to its record and to the first eviction (SIGNALS=30), then 1,024 devices' taints at once with PODS=1000 running pods under an Enforce rule (the breaker)
+	$(BIN)/python bench/signals_latency.py --signals $(or $(SIGNALS),30)
+	$(BIN)/python bench/signals_burst.py --nodes 8 --pods $(or $(PODS),1000)
 
 bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU snapshot (no lab needed)
 	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)

@@ -9,7 +9,13 @@ signals' path), and one slice patch per node that taints all its devices at once
 - claimwarden's writes per signal record over the whole run, from the apiserver's audit log (``audit_all``):
   the most and the total; and that no record is written again once all are there (no write loop).
 
-    .venv/bin/python bench/signals_burst.py [--nodes 8]
+With ``--pods P`` the rule is Enforce NoExecute and P running pods hold one device each before the burst
+(claimwarden makes their claims): the breaker must hold, so the evictions (successful ``pods/eviction``
+creates by claimwarden in the audit log, until 40 s after all records are there) stay within its room, the
+``--breaker-max-fraction`` (0.3) of the pods holding the driver's devices, at least ``--breaker-min-pods`` (8);
+and the records' writes in the 20 s after that are counted apart (a write loop would show there).
+
+    .venv/bin/python bench/signals_burst.py [--nodes 8] [--pods 1000]
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
+from claimwarden.health import breaker
 from claimwarden_lab import cluster
 from claimwarden_lab.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "gpu.example.com/xid"
+NAMESPACE = "burst"
 POLICY = {"apiVersion": "claimwarden.io/v1alpha1", "kind": "HealthPolicy", "metadata": {"name": "burst"},
           "spec": {"drivers": ["gpu.example.com"], "rules": [
               {"name": "xid", "source": "DriverTaint", "signal": KEY, "effect": "NoExecute", "mode": "Shadow"}]}}
@@ -61,17 +70,68 @@ def _writes(audit_log: Path, since: str) -> Counter[str]:
     return counts
 
 
-def measure(nodes: int, directory: Path) -> dict[str, Any]:
+def _evictions(audit_log: Path, since: str) -> int:
+    """claimwarden's successful evictions (201) since `since`."""
+    count = 0
+    for line in audit_log.read_text().splitlines():
+        if '"eviction"' not in line:
+            continue
+        entry = json.loads(line)
+        ref = entry.get("objectRef") or {}
+        if entry.get("stage") == "ResponseComplete" and ref.get("subresource") == "eviction" and \
+                "claimwarden" in (entry.get("userAgent") or "") and entry["requestReceivedTimestamp"] >= since and \
+                (entry.get("responseStatus") or {}).get("code") == 201:
+            count += 1
+    return count
+
+
+def install_crds(state: cluster.LabState) -> None:
+    """claimwarden's CRDs in the lab, established."""
+    kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
+    subprocess.run([*kubectl, "apply", "-k", str(ROOT / "crds")], check=True, capture_output=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/unhealthydevices.claimwarden.io", "crd/healthpolicies.claimwarden.io"],
+                   check=True, capture_output=True)
+
+
+def create_gpu_pods(api: client.ApiClient, namespace: str, pods: int) -> None:
+    """The namespace, a claim template `gpu` of one device, and `pods` pods using it (p0000, ...), 8 at a time."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, {
+        "metadata": {"name": "gpu"}, "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}})
+
+    def create(n: int) -> None:
+        core.create_namespaced_pod(namespace, {"metadata": {"name": f"p{n:04d}"}, "spec": {
+            "terminationGracePeriodSeconds": 0, "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            "containers": [{"name": "ctr0", "image": "registry.example/busybox:1",
+                            "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, range(pods)))
+
+
+def _run_pods(api: client.ApiClient, pods: int) -> int:
+    """`pods` pods of one device each; returns how many run with a device (10 min at most)."""
+    core = client.CoreV1Api(api)
+    create_gpu_pods(api, NAMESPACE, pods)
+    deadline, running = time.monotonic() + 600, 0
+    while time.monotonic() < deadline:
+        running = sum(1 for p in core.list_namespaced_pod(NAMESPACE).items if p.status.phase == "Running")
+        if running >= pods:
+            break
+        time.sleep(2)
+    return running
+
+
+def measure(nodes: int, directory: Path, pods: int = 0) -> dict[str, Any]:
     options = cluster.LabOptions(dir=directory / "lab", nodes=nodes, gpus_per_node=128, presets="device-taints",
                                  audit_all=True)
     state = cluster.up(options, say=lambda line: print(f"lab: {line}"))
     operator = None
     try:
-        kubectl = [f"{state.bin_dir}/kubectl", f"--kubeconfig={state.kubeconfig}"]
-        subprocess.run([*kubectl, "apply", "-k", str(ROOT / "crds")], check=True, capture_output=True)
-        subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/unhealthydevices.claimwarden.io", "crd/healthpolicies.claimwarden.io"],
-                       check=True, capture_output=True)
+        install_crds(state)
         log = (directory / "claimwarden.log").open("wb")
         operator = subprocess.Popen(
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(state.kubeconfig),
@@ -80,8 +140,14 @@ def measure(nodes: int, directory: Path) -> dict[str, Any]:
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "operator")})
         api = config.new_client_from_config(config_file=str(state.kubeconfig))
         objects = client.CustomObjectsApi(api)
-        objects.create_cluster_custom_object("claimwarden.io", "v1alpha1", "healthpolicies", POLICY)
+        policy = json.loads(json.dumps(POLICY))
+        if pods:
+            policy["spec"]["rules"][0]["mode"] = "Enforce"
+        objects.create_cluster_custom_object("claimwarden.io", "v1alpha1", "healthpolicies", policy)
         time.sleep(10)  # claimwarden up and its indices filled
+        running = _run_pods(api, pods) if pods else 0
+        if pods:
+            time.sleep(10)  # the claims' and reservations' work settled
         slices = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
         devices = sum(len(s["spec"]["devices"]) for s in slices)
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -101,10 +167,20 @@ def measure(nodes: int, directory: Path) -> dict[str, Any]:
             time.sleep(0.5)
         all_there = time.monotonic() - started
         writes_at_all = sum(_writes(state.audit_log, since).values())
+        evicted = {}
+        if pods:
+            time.sleep(40)  # the evictions the breaker allows, and no more
+            evicted = {"pods_running_before": running, "breaker_room": breaker.Settings().limit(running),
+                       "evicted": _evictions(state.audit_log, since), "pods_left": sum(
+                           1 for p in client.CoreV1Api(api).list_namespaced_pod(NAMESPACE).items
+                           if p.metadata.deletion_timestamp is None)}
+        settled = sum(_writes(state.audit_log, since).values())
         time.sleep(20)  # quiet: nothing should be written any more
         writes = _writes(state.audit_log, since)
         latencies = list(seen.values())
-        return {"devices": devices, "records": len(seen), "all_there_s": round(all_there, 1),
+        if pods:
+            evicted["writes_in_the_last_20_s"] = sum(writes.values()) - settled
+        return {**evicted, "devices": devices, "records": len(seen), "all_there_s": round(all_there, 1),
                 "p50_s": round(_percentile(latencies, 0.5), 2), "p99_s": round(_percentile(latencies, 0.99), 2),
                 "max_s": round(max(latencies), 2), "writes_total": sum(writes.values()),
                 "writes_max_per_record": max(writes.values()), "writes_after_all_there":
@@ -119,9 +195,11 @@ def measure(nodes: int, directory: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=0,
+                        help="running pods of one device each; with them the rule is Enforce NoExecute")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="signals-burst-") as directory:
-        print(json.dumps(measure(args.nodes, Path(directory)), indent=2))
+        print(json.dumps(measure(args.nodes, Path(directory), args.pods), indent=2))
     return 0
 
 

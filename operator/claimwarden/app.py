@@ -313,8 +313,16 @@ async def record_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) ->
         runtime.signals.enqueue_record(dict(body))
 
 
-async def policy_event(memo: kopf.Memo, **_: Any) -> None:
-    """A HealthPolicy or a DeviceClass changed: every device with a record or a signal is routed again."""
+async def policy_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A HealthPolicy changed: its status is looked at, and when its spec changed every device is routed again."""
+    runtime = _leading(memo)
+    if runtime is not None and runtime.signals is not None:
+        runtime.signals.policy_event(name, body.get("metadata", {}).get("generation"), deleted=type == "DELETED")
+
+
+async def device_class_event(memo: kopf.Memo, **_: Any) -> None:
+    """A DeviceClass changed: every device with a record or a signal is routed again, every policy's status
+    looked at (a policy naming a DeviceClass that was missing routes now)."""
     runtime = _leading(memo)
     if runtime is not None and runtime.signals is not None:
         runtime.signals.enqueue_all()
@@ -339,7 +347,7 @@ def register_health_handlers(*, signals: bool = True) -> None:
         kopf.index(*DEVICE_CLASSES)(device_classes)
         kopf.index(*NODES)(nodes_by_name)
         kopf.on.event(*POLICIES)(policy_event)
-        kopf.on.event(*DEVICE_CLASSES)(policy_event)
+        kopf.on.event(*DEVICE_CLASSES)(device_class_event)
         kopf.on.event(*NODES)(node_event)
 
 
@@ -466,6 +474,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         if POLICY_INDEX in kwargs:  # signals run with health, where the HealthPolicy CRD is installed
             runtime.signals = SignalsController(cache=cache, kube=kube)
             runtime.add_loop(runtime.signals.queue, runtime.signals.reconcile, workers)
+            runtime.add_loop(runtime.signals.statuses.queue, runtime.signals.statuses.reconcile, 1)
             await _start_webhook(run_settings, runtime, runtime.signals, memo)
     if "reservations" in run_settings.controllers:
         health = runtime.health

@@ -191,8 +191,12 @@ def node(body: Mapping[str, Any]) -> Body:
 
 
 def health_policy(body: Mapping[str, Any]) -> Body:
+    """Spec, generation and the status fields claimwarden writes (signals/policy_status.py: written on change)."""
+    status = body.get("status") or {}
     return {"apiVersion": body.get("apiVersion"), "kind": "HealthPolicy", "metadata": _meta(body, "generation"),
-            "spec": copy.deepcopy(dict(body.get("spec") or {}))}
+            "spec": copy.deepcopy(dict(body.get("spec") or {})),
+            "status": {k: copy.deepcopy(status[k]) for k in ("observedGeneration", "rules", "enforced", "conditions")
+                       if k in status}}
 
 
 def device_class(body: Mapping[str, Any]) -> Body:

@@ -72,9 +72,12 @@ def test_the_role_has_no_wildcards_secrets_or_escalation() -> None:
     ("patch", "resourceclaims.resource.k8s.io/status", True),
     ("create", "resourceclaims.resource.k8s.io", True),
     ("patch", "unhealthydevices.claimwarden.io/status", True),
-    # Device health from signals: HealthPolicies, DeviceClasses and Nodes are only read.
+    # Device health from signals: HealthPolicies, DeviceClasses and Nodes are only read; a HealthPolicy's status
+    # (how claimwarden read it) is written.
     ("watch", "healthpolicies.claimwarden.io", True),
     ("patch", "healthpolicies.claimwarden.io", False),
+    ("patch", "healthpolicies.claimwarden.io/status", True),
+    ("update", "healthpolicies.claimwarden.io/status", False),
     ("list", "deviceclasses.resource.k8s.io", True),
     ("watch", "nodes", True),
     ("patch", "nodes", False),

@@ -44,7 +44,8 @@ class FakeCache:
 
     @staticmethod
     def policy(*rules: dict[str, Any]) -> dict[str, Any]:
-        return {"metadata": {"name": "p", "resourceVersion": str(next(_versions)), "uid": "u"},
+        version = next(_versions)  # a new spec: a new generation (the router is built again on it)
+        return {"metadata": {"name": "p", "resourceVersion": str(version), "generation": version, "uid": "u"},
                 "spec": {"drivers": [DRIVER], "rules": list(rules), "recovery": {"refaultWindow": "10m"}}}
 
     def slice(self) -> dict[str, Any]:

@@ -241,7 +241,9 @@ def test_a_cel_runtime_error_skips_that_policy_for_that_device() -> None:
     router = Router([policy("strict", priority=1, selector="device.attributes['gpu.example.com'].cores > 2"),
                      policy("good")], {})
     assert getattr(router.route("gpu.example.com", "node-1", H100), "name", None) == "good"
-    assert "no such key" in router.runtime_errors["strict"]
+    (where, message), = router.runtime_errors.items()
+    assert where == ("strict", "gpu.example.com/node-1/" + H100["name"])
+    assert "no such key" in message
 
 
 # --- observations --------------------------------------------------------------------------------

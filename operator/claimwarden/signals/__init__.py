@@ -18,6 +18,7 @@ Modules, by what they decide or do:
   never recovery: a crashed exporter resolves its alerts too).
 - ``records``: the signal record's name, body and status shape.
 - ``controller``: one device at a time: collect, route, merge, decide, write.
+- ``policy_status``: each HealthPolicy's status (rule counts, Accepted and why not), written on change.
 
 What ``Unknown`` means: the kubelet lost the signal (KEP-4680). It is counted
 (``claimwarden_signal_unknown_total``) and alerted on, never acted on.

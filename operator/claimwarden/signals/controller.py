@@ -32,6 +32,7 @@ from ..workqueue import Retry, WorkQueue
 from . import decide, nodes, observations, podhealth, policy, taints
 from . import records as signal_records
 from .observations import HEALTHY, UNHEALTHY, UNKNOWN, Observation
+from .policy_status import PolicyStatuses
 
 log = logging.getLogger("claimwarden.signals")
 
@@ -41,6 +42,7 @@ OBSERVE_TIMEOUT = 10.0  # seconds the webhook waits for its observations to be w
 REQUEUE_MAX = 300.0  # seconds between looks at a record that waits for time to pass (hold, deletion)
 REQUEUE_MIN = 1.0
 INVALID_POLICY = "InvalidHealthPolicy"
+POLICY_ERROR = "HealthPolicyEvaluationError"
 INVALID_VERIFIED = "InvalidVerifiedClear"
 WORKLOAD_FAULT = "WorkloadFault"
 ORPHANED_MARK = "MarkWithoutRule"
@@ -81,6 +83,9 @@ class SignalsController:
         self._fleet_seeded = False
         self._router: policy.Router | None = None
         self._router_key: tuple[Any, ...] | None = None
+        self._generations: dict[str, int | None] = {}
+        """HealthPolicy name -> the generation its last event showed (a status write changes no generation)."""
+        self.statuses = PolicyStatuses(cache=cache, kube=kube, route_errors=lambda: self.router().errors)
         self._reported: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         # What the last event of each object showed, to queue only the devices whose signals changed.
@@ -98,9 +103,23 @@ class SignalsController:
             self.queue.add(ref)
 
     def enqueue_all(self) -> None:
-        """Every device with a signal record or a signal now (a policy changed, a resync)."""
+        """Every device with a signal record or a signal now, and every policy's status (a DeviceClass changed,
+        a resync, this replica leads)."""
         for ref in sorted(self._candidates(), key=str):
             self.queue.add(ref)
+        self.statuses.enqueue_all()
+
+    def policy_event(self, name: str, generation: int | None, *, deleted: bool = False) -> None:
+        """A HealthPolicy changed: its status is looked at; the devices are routed again only when its spec did
+        (a new generation, or gone): claimwarden's own status writes bring events too."""
+        if deleted:
+            self._generations.pop(name, None)
+        elif self._generations.get(name, -1) == generation:
+            self.statuses.enqueue(name)
+            return
+        else:
+            self._generations[name] = generation
+        self.enqueue_all()
 
     def _candidates(self) -> set[DeviceRef]:
         found = {ref for record in self.cache.records() if signal_records.is_signal_record(record)
@@ -365,10 +384,13 @@ class SignalsController:
                 self._report_later(body, error)
         return parsed
 
-    def _route(self, ref: DeviceRef) -> policy.Policy | None:
+    def router(self) -> policy.Router:
+        """The router over the policies and DeviceClasses in the cache, built again when a policy's spec (its
+        generation: not its status) or a DeviceClass's selectors changed."""
         bodies = self.cache.health_policies()
         classes = self.cache.device_class_selectors()
-        key = (tuple(sorted((b["metadata"].get("name"), b["metadata"].get("resourceVersion")) for b in bodies)),
+        key = (tuple(sorted((b["metadata"].get("name"), b["metadata"].get("uid"), b["metadata"].get("generation"))
+                            for b in bodies)),
                tuple(sorted((k, tuple(v)) for k, v in classes.items())))
         if self._router is None or key != self._router_key:
             self._router = policy.Router(self._policies(), classes)
@@ -377,16 +399,28 @@ class SignalsController:
                 body = next((b for b in bodies if b["metadata"].get("name") == policy_name), None)
                 if body is not None:
                     self._report_later(body, why)
-        return self._router.route(ref.driver, ref.pool, self._device(ref))
+        return self._router
 
-    def _report_later(self, body: Body, message: str) -> None:
+    def _route(self, ref: DeviceRef) -> policy.Policy | None:
+        router = self.router()
+        before = len(router.runtime_errors)
+        found = router.route(ref.driver, ref.pool, self._device(ref))
+        if len(router.runtime_errors) > before:  # a CEL error on this device: once per policy and device
+            for (policy_name, _), why in list(router.runtime_errors.items())[before:]:
+                body = next((b for b in self.cache.health_policies() if b["metadata"].get("name") == policy_name),
+                            None)
+                if body is not None:
+                    self._report_later(body, f"{why}; the device is not routed to this policy", POLICY_ERROR)
+        return found
+
+    def _report_later(self, body: Body, message: str, reason: str = INVALID_POLICY) -> None:
         marker = (str(body["metadata"].get("uid") or body["metadata"].get("name")), message)
         if marker in self._reported:
             return
         self._reported.add(marker)
         log.warning("HealthPolicy %s: %s", body["metadata"].get("name"), message)
         involved = {"apiVersion": POLICY_API, "kind": "HealthPolicy", "metadata": body["metadata"]}
-        task = asyncio.get_running_loop().create_task(self._event(involved, "Warning", INVALID_POLICY, message))
+        task = asyncio.get_running_loop().create_task(self._event(involved, "Warning", reason, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

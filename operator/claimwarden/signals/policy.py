@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
 from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_NODE, SOURCE_POD, SOURCES, Observation
+from claimwarden.timestamps import format_rfc3339
 
 GROUP = "claimwarden.io"
 VERSION = "v1alpha1"
@@ -289,6 +290,36 @@ def policy_status(policy: Policy | None, errors: Sequence[str], route_error: str
             "accepted": {"type": "Accepted", **accepted}}
 
 
+def desired_status(body: Mapping[str, Any], route_error: str | None, moment: datetime) -> dict[str, Any]:
+    """The whole status claimwarden writes on a HealthPolicy: policy_status's counts and Accepted condition, with
+    the generation they were read from. The Accepted condition keeps its lastTransitionTime while its status
+    stays; other writers' conditions are kept as they are."""
+    parsed, errors = parse_policy(body)
+    summary = policy_status(parsed, errors, route_error)
+    generation = (body.get("metadata") or {}).get("generation")
+    conditions = list((body.get("status") or {}).get("conditions") or [])
+    before = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Accepted"), None)
+    accepted = summary["accepted"]
+    since = before.get("lastTransitionTime") if before is not None and before.get("status") == accepted["status"] \
+        else None
+    condition = {**accepted, "lastTransitionTime": since or format_rfc3339(moment)}
+    status: dict[str, Any] = {"rules": summary["rules"], "enforced": summary["enforced"]}
+    if isinstance(generation, int):
+        status["observedGeneration"] = generation
+        condition["observedGeneration"] = generation
+    others = [c for c in conditions if c is not before]
+    status["conditions"] = [*others, condition]
+    return status
+
+
+def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch of the status subresource that writes `desired`, or None when `current` already says it
+    (a policy's status is written only when it changes)."""
+    if all(current.get(key) == value for key, value in desired.items()):
+        return None
+    return {"status": dict(desired)}
+
+
 # --- routing ------------------------------------------------------------------------------------
 
 def _pool_matches(pattern: str, pool: str) -> bool:
@@ -313,8 +344,9 @@ class Router:
                  *, evaluator: Evaluator | None = None) -> None:
         self._evaluator = evaluator or Evaluator()
         self.errors: dict[str, str] = {}
-        self.runtime_errors: dict[str, str] = {}
-        """Policy name -> the last CEL error evaluating it on a device (that device was not routed to it)."""
+        self.runtime_errors: dict[tuple[str, str], str] = {}
+        """(policy name, driver/pool/device) -> the CEL error evaluating the policy on that device (the device was
+        not routed to it)."""
         self._routes: list[_Route] = []
         for policy in sorted(policies, key=lambda p: (-p.priority, p.name)):
             route = self._compile(policy, class_selectors)
@@ -361,7 +393,8 @@ class Router:
                         continue
                 except CelError as exc:
                     # As in the scheduler, an error is not a match; the policy keeps its other devices.
-                    self.runtime_errors[policy.name] = f"{driver}/{pool}/{device.get('name', '')}: {exc}"
+                    where = f"{driver}/{pool}/{device.get('name', '')}"
+                    self.runtime_errors[(policy.name, where)] = f"device {where}: {exc}"
                     continue
             return policy
         return None
