@@ -23,6 +23,9 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
     lab_up.add_argument("--nodes", type=int, default=2, help="kwok nodes (default: %(default)s)")
     lab_up.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
     lab_up.add_argument("--models", help="GPU models given to nodes round-robin, from H100,A100,L4")
+    lab_up.add_argument("--profile", default=driver.PROFILE_PLAIN, choices=driver.PROFILES,
+                        help="the fake driver's devices: plain GPUs, or partitionable (each GPU whole and as two "
+                             "halves sharing its counter set; Kubernetes 1.35+) (default: %(default)s)")
     lab_up.add_argument("--upstream-claims", action="store_true",
                         help="also run kube-controller-manager's resourceclaim-controller")
     lab_up.add_argument("--feature-gates", default="", help="feature gates for apiserver, scheduler and KCM")
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 upstream_claims=args.upstream_claims, feature_gates=args.feature_gates,
                 runtime_config=args.runtime_config, api_port=args.api_port,
                 real_node=args.real_node, kubernetes=args.kubernetes, presets=args.presets,
-                kcm_qps=args.kcm_qps), say)
+                kcm_qps=args.kcm_qps, profile=args.profile), say)
         elif args.lab_command == "down":
             cluster.down(args.dir, say)
         elif args.lab_command == "restart-apiserver":

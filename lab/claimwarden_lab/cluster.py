@@ -107,6 +107,16 @@ class LabOptions:
     Raise it so that the lab's own garbage collector and eviction controller are not what a benchmark measures."""
     audit_all: bool = False
     """Audit every request (reads and every client's writes too), for benchmarks that count API calls."""
+    profile: str = driver.PROFILE_PLAIN
+    """The fake driver's devices (driver.PROFILES): ``partitionable`` adds each GPU's halves and counter sets,
+    and the partitionable-devices preset with them."""
+
+    def all_presets(self) -> str:
+        """``presets``, plus what the device profile needs."""
+        wanted = [n for n in self.presets.split(",") if n.strip()]
+        if self.profile == driver.PROFILE_PARTITIONABLE and "partitionable-devices" not in wanted:
+            wanted.append("partitionable-devices")
+        return ",".join(wanted)
 
     def validate(self) -> list[driver.GpuModel]:
         if not 1 <= self.nodes <= 1000:
@@ -116,7 +126,9 @@ class LabOptions:
                            "(a ResourceSlice lists at most 128 devices)")
         if self.kcm_qps < 0:
             raise LabError(f"--kcm-qps {self.kcm_qps} is negative; give 0 for kube-controller-manager's default")
-        presets.resolve(resolve_version(self.kubernetes), self.presets)
+        if self.profile not in driver.PROFILES:
+            raise LabError(f"unknown device profile {self.profile!r}; choose from {', '.join(driver.PROFILES)}")
+        presets.resolve(resolve_version(self.kubernetes), self.all_presets())
         if self.api_port and not 1024 <= self.api_port <= 65535:
             raise LabError(f"--api-port {self.api_port} is out of range; give 1024 to 65535, or 0 for any")
         try:
@@ -194,7 +206,8 @@ def up(options: LabOptions, say: Say = print) -> LabState:
     """Start the lab and return once the apiserver is ready, nodes are Ready and slices published."""
     models = options.validate()
     version = resolve_version(options.kubernetes)
-    gates, runtime_config = presets.resolve(version, options.presets, options.feature_gates, options.runtime_config)
+    gates, runtime_config = presets.resolve(version, options.all_presets(), options.feature_gates,
+                                            options.runtime_config)
     options = dataclasses.replace(options, feature_gates=gates, runtime_config=runtime_config)
     bins = require_binaries(version=version)
     directory = options.dir.expanduser().resolve()
@@ -213,7 +226,7 @@ def up(options: LabOptions, say: Say = print) -> LabState:
         "nodes": options.nodes, "gpus_per_node": options.gpus_per_node, "models": [m.name for m in models],
         "upstream_claims": options.upstream_claims, "feature_gates": options.feature_gates,
         "runtime_config": options.runtime_config, "real_node": options.real_node, "kubernetes": version,
-        "presets": options.presets, "kcm_qps": options.kcm_qps})
+        "presets": options.all_presets(), "kcm_qps": options.kcm_qps, "profile": options.profile})
     state.ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": options.api_port or free_port(),
                    "scheduler": free_port(), "controller-manager": free_port(), "kwok": free_port()}
     state.api_url = f"https://127.0.0.1:{state.ports['apiserver']}"
@@ -338,8 +351,13 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
             uid = created.metadata.uid if created.metadata else None
             if not uid:
                 raise LabError(f"the apiserver returned node {name} without a UID")
-            resource.create_resource_slice(body=client.V1ResourceSlice.model_validate(driver.resource_slice(
-                name, uid, options.gpus_per_node, driver.model_for_node(models, i))))
+            model = driver.model_for_node(models, i)
+            if options.profile == driver.PROFILE_PLAIN:
+                resource.create_resource_slice(body=client.V1ResourceSlice.model_validate(driver.resource_slice(
+                    name, uid, options.gpus_per_node, model)))
+            else:
+                for body in driver.resource_slices(name, uid, options.gpus_per_node, model, options.profile):
+                    _create_partitionable_slice(resource, body)
 
         def nodes_ready() -> bool:
             nodes = core.list_node().items
@@ -350,10 +368,22 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
         what = f"{options.nodes} node(s) Ready (kwok)" + (" and the real node" if options.real_node else "")
         wait_until(what, nodes_ready, START_TIMEOUT, state.processes)
         slices = resource.list_resource_slice().items
-        if len(slices) < options.nodes:
+        if len({s.spec.node_name for s in slices}) < options.nodes:
             raise LabError(f"only {len(slices)} of {options.nodes} ResourceSlices were published")
     finally:
         api.close()
+
+
+def _create_partitionable_slice(resource: client.ResourceV1Api, body: dict[str, Any]) -> None:
+    """Create a slice as a plain dict and read back what the apiserver kept (every field, even those the
+    client's models lack): with DRAPartitionableDevices off it drops counter sets and consumption silently."""
+    written = _raw(resource.create_resource_slice(body=cast(Any, body), _preload_content=False))
+    spec = written.get("spec") or {}
+    kept = spec.get("sharedCounters") if "sharedCounters" in body["spec"] else [
+        d for d in spec.get("devices") or [] if d.get("consumesCounters")]
+    if not kept:
+        raise LabError("the apiserver dropped the counter sets of the partitionable profile: the gate "
+                       "DRAPartitionableDevices is off (do not turn it off with --feature-gates)")
 
 
 TAINT_RETRIES = 5

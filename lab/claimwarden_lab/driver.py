@@ -1,6 +1,12 @@
 """A fake DRA driver: the DeviceClass, Nodes and ResourceSlices that dra-example-driver would publish,
 and the device taints (KEP-5055) that NVIDIA's driver publishes on a broken GPU (``lab taint``).
 
+Two device profiles: ``plain`` (the default: whole GPUs, one slice per node) and ``partitionable``
+(KEP-4815, as dra-example-driver's partitionable example publishes it): each GPU is offered whole and as
+two halves, all three drawing from the GPU's one counter set, so that the scheduler never hands out the
+whole GPU together with a half of it, nor more halves than fit. Counter sets and devices go in separate
+slices of the node's pool (a slice holds one or the other from 1.35).
+
 Only pure functions that build API objects as dicts; ``cluster.py`` writes them.
 """
 
@@ -86,7 +92,11 @@ def device_uuid(node: str, index: int) -> str:
 
 
 def devices(node: str, count: int, model: GpuModel) -> list[dict[str, Any]]:
-    return [{
+    return [gpu(node, i, model) for i in range(count)]
+
+
+def gpu(node: str, i: int, model: GpuModel) -> dict[str, Any]:
+    return {
         "name": f"gpu-{i}",
         "attributes": {
             "index": {"int": i},
@@ -95,11 +105,15 @@ def devices(node: str, count: int, model: GpuModel) -> list[dict[str, Any]]:
             "driverVersion": {"version": "1.0.0"},
         },
         "capacity": {"memory": {"value": model.memory}, "compute": {"value": model.compute}},
-    } for i in range(count)]
+    }
 
 
 def resource_slice(node_name: str, node_uid: str, count: int, model: GpuModel) -> dict[str, Any]:
     """One slice per node, owned by the Node so that deleting the node garbage-collects it."""
+    return _slice(node_name, node_uid, 1, {"devices": devices(node_name, count, model)})
+
+
+def _slice(node_name: str, node_uid: str, slice_count: int, content: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -111,10 +125,89 @@ def resource_slice(node_name: str, node_uid: str, count: int, model: GpuModel) -
         "spec": {
             "driver": DRIVER,
             "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices(node_name, count, model),
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": slice_count},
+            **content,
         },
     }
+
+
+PROFILE_PLAIN = "plain"
+PROFILE_PARTITIONABLE = "partitionable"
+PROFILES = (PROFILE_PLAIN, PROFILE_PARTITIONABLE)
+PARTITIONS_PER_GPU = 2
+GPUS_PER_SLICE_PAIR = 8
+"""A slice holds at most 8 counter sets (ResourceSliceMaxCounterSets) and 64 devices that consume counters:
+8 GPUs give 8 sets and 24 devices, so each 8 GPUs of a node get a counter slice and a device slice."""
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-counter-set"
+
+
+def partition_name(index: int, partition: int) -> str:
+    return f"gpu-{index}-partition-{partition}"
+
+
+def partitionable_devices(node: str, indices: range, model: GpuModel) -> list[dict[str, Any]]:
+    """Per GPU: the whole GPU (profile ``full``) and its halves (profile ``half``, with the GPU's uuid as
+    ``parentUUID``), each consuming its share of the GPU's counter set."""
+    memory, compute = _quantity(model.memory), int(model.compute)
+    result = []
+    for i in indices:
+        whole = gpu(node, i, model)
+        whole["attributes"]["profile"] = {"string": "full"}
+        whole["consumesCounters"] = [{"counterSet": counter_set_name(i), "counters": _counters(memory, compute)}]
+        result.append(whole)
+        for p in range(PARTITIONS_PER_GPU):
+            share = (memory[0] // PARTITIONS_PER_GPU, memory[1]), compute // PARTITIONS_PER_GPU
+            result.append({
+                "name": partition_name(i, p),
+                "attributes": {
+                    "index": {"int": i},
+                    "uuid": {"string": f"{device_uuid(node, i)}-{p}"},
+                    "parentUUID": {"string": device_uuid(node, i)},
+                    "model": {"string": model.name},
+                    "profile": {"string": "half"},
+                    "driverVersion": {"version": "1.0.0"},
+                },
+                "capacity": {"memory": {"value": f"{share[0][0]}{share[0][1]}"}, "compute": {"value": str(share[1])}},
+                "consumesCounters": [{"counterSet": counter_set_name(i), "counters": _counters(*share)}],
+            })
+    return result
+
+
+def partitionable_slices(node_name: str, node_uid: str, count: int, model: GpuModel) -> list[dict[str, Any]]:
+    """The node's pool in the partitionable profile: per 8 GPUs, a slice of their counter sets and a slice of
+    their devices (whole and halves)."""
+    memory, compute = _quantity(model.memory), int(model.compute)
+    chunks = [range(first, min(first + GPUS_PER_SLICE_PAIR, count)) for first in range(0, count, GPUS_PER_SLICE_PAIR)]
+    slices = []
+    for chunk in chunks:
+        slices.append(_slice(node_name, node_uid, 2 * len(chunks), {"sharedCounters": [
+            {"name": counter_set_name(i), "counters": _counters(memory, compute)} for i in chunk]}))
+        slices.append(_slice(node_name, node_uid, 2 * len(chunks),
+                             {"devices": partitionable_devices(node_name, chunk, model)}))
+    return slices
+
+
+def resource_slices(node_name: str, node_uid: str, count: int, model: GpuModel,
+                    profile: str = PROFILE_PLAIN) -> list[dict[str, Any]]:
+    """The slices of a node's pool in ``profile``."""
+    if profile == PROFILE_PARTITIONABLE:
+        return partitionable_slices(node_name, node_uid, count, model)
+    if profile != PROFILE_PLAIN:
+        raise LabConfigError(f"unknown device profile {profile!r}; choose from {', '.join(PROFILES)}")
+    return [resource_slice(node_name, node_uid, count, model)]
+
+
+def _quantity(text: str) -> tuple[int, str]:
+    """``"80Gi"`` -> ``(80, "Gi")``: the models' memory is a whole number with a binary suffix."""
+    digits = text.rstrip("KMGTPEi")
+    return int(digits), text[len(digits):]
+
+
+def _counters(memory: tuple[int, str], compute: int) -> dict[str, Any]:
+    return {"memory": {"value": f"{memory[0]}{memory[1]}"}, "compute": {"value": str(compute)}}
 
 
 def model_for_node(models: list[GpuModel], index: int) -> GpuModel:

@@ -33,12 +33,15 @@ PRESETS: dict[str, dict[str, Preset]] = {
                                 ("resource.k8s.io/v1alpha3=true",)),
         "extended-resources": Preset(("DRAExtendedResource=true",)),
         "resource-health": Preset(("ResourceHealthStatus=true",)),
+        # KEP-4815: alpha (since 1.33); from 1.35 counter sets may sit in their own slices of a pool.
+        "partitionable-devices": Preset(("DRAPartitionableDevices=true",)),
     },
     "1.36": {
         # DRADeviceTaints is beta and on; the rules' beta API (v1beta2) is off by default.
         "device-taints": Preset(("DRADeviceTaintRules=true",), ("resource.k8s.io/v1beta2=true",)),
         "extended-resources": Preset(),  # beta, on by default
         "resource-health": Preset(),  # ResourceHealthStatus and ResourceHealthStatusMessage beta, on
+        "partitionable-devices": Preset(),  # DRAPartitionableDevices beta, on by default
         "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
                             ("scheduling.k8s.io/v1alpha2=true",)),
     },
@@ -46,12 +49,16 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "device-taints": Preset(),  # GA: resource.k8s.io/v1 DeviceTaintRule, on by default
         "extended-resources": Preset(),  # GA
         "resource-health": Preset(),  # still beta (not GA in 1.37.2), on by default
+        "partitionable-devices": Preset(),  # still beta, on by default
         "podgroups": Preset(("GenericWorkload=true", "DRAWorkloadResourceClaims=true"),
                             ("scheduling.k8s.io/v1beta1=true",)),
     },
 }
 UNAVAILABLE = {
     "podgroups": "PodGroup reservations (KEP-5729, gate DRAWorkloadResourceClaims) first appear in 1.36",
+    "partitionable-devices": "the lab publishes counter sets in their own slices of a pool (KEP-4815), which "
+                             "the apiserver accepts from 1.35 (gate DRAPartitionableDevices; on by default from "
+                             "1.36); choose --kubernetes 1.35 or later",
 }
 
 

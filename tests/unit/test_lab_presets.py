@@ -35,7 +35,8 @@ def test_podgroups_before_1_36_are_refused_with_the_reason(version: str) -> None
 
 
 def test_an_unknown_preset_names_the_known_ones() -> None:
-    with pytest.raises(LabError, match="device-taints, extended-resources, podgroups, resource-health"):
+    with pytest.raises(LabError, match="device-taints, extended-resources, partitionable-devices, podgroups, "
+                                       "resource-health"):
         presets.resolve("1.37.2", "gpus")
 
 
@@ -54,3 +55,14 @@ def test_resource_health_turns_the_alpha_gate_on_before_1_36(version: str, gates
 def test_signals_presets_combine_on_1_34() -> None:
     assert presets.resolve("1.34.4", "device-taints,resource-health") == (
         "DRADeviceTaints=true,ResourceHealthStatus=true", "resource.k8s.io/v1alpha3=true")
+
+
+@pytest.mark.parametrize(("version", "gates"), [("1.35.4", "DRAPartitionableDevices=true"), ("1.36.3", ""),
+                                                ("1.37.2", "")])
+def test_partitionable_devices_need_the_gate_until_1_36(version: str, gates: str) -> None:
+    assert presets.resolve(version, "partitionable-devices") == (gates, "")
+
+
+def test_partitionable_devices_on_1_34_are_refused_with_the_reason() -> None:
+    with pytest.raises(LabError, match=r"from 1\.35 .*choose --kubernetes 1\.35 or later"):
+        presets.resolve("1.34.4", "partitionable-devices")
