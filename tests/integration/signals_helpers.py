@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals.records import signal_record_name
+from claimwarden.timestamps import parse_rfc3339
 
 from .health_helpers import GROUP, PLURAL, VERSION, device_of, slice_of
 from .helpers import pod_with_claims, wait_for
@@ -129,13 +131,18 @@ def run_pod(api: client.ApiClient, namespace: str, pod: str) -> tuple[str, str]:
     return device_of(api, namespace, pod)
 
 
-def record_writes(audit_log: Path, pool: str, device: str) -> list[str]:
-    """claimwarden's writes to the device's signal record, from the lab apiserver's audit log: 'verb[/subresource]'."""
+def record_writes(audit_log: Path, pool: str, device: str, since: datetime) -> list[str]:
+    """claimwarden's writes to the device's signal record since `since`, from the lab apiserver's audit log:
+    'verb[/subresource]'. (The lab is shared by the signals tests, and a device's record has the same name in
+    each: an earlier test's record of the device is not this one's.)"""
     name, found = record_name(pool, device), []
     for line in audit_log.read_text().splitlines():
         entry = json.loads(line)
         ref = entry.get("objectRef") or {}
         if entry.get("stage", "ResponseComplete") != "ResponseComplete" or ref.get("resource") != PLURAL:
+            continue
+        received = parse_rfc3339(entry.get("requestReceivedTimestamp"))
+        if received is None or received < since:
             continue
         if ref.get("name") == name and "claimwarden" in (entry.get("user") or {}).get("username", "") and \
                 entry.get("verb") in ("create", "patch", "update", "delete"):

@@ -4,6 +4,7 @@ the taint's removal recovers the device (issue 21)."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from kubernetes import client
 
@@ -40,6 +41,7 @@ def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers
         signals_api: client.ApiClient, signals_operator: Operator, signals_namespace: str,
         signals_lab: LabState) -> None:
     api, namespace = signals_api, signals_namespace
+    test_started = datetime.now(UTC)
     pool, device = run_pod(api, namespace, "victim")
     apply_policy(api, POLICY, [rule("fatal-xid", "DriverTaint", XID, values=["79"], effect="NoExecute")],
                  recovery={"healthyHold": "5s", "refaultWindow": "1h", "escalateTo": "NoExecute"})
@@ -73,7 +75,7 @@ def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers
         # No write loop: the signals wrote the record on each change only (created; status and spec marked; status
         # and spec recovered), and the health controller its status a few times; a quiet record is not written.
         time.sleep(3)
-        writes = record_writes(signals_lab.audit_log, pool, device)
+        writes = record_writes(signals_lab.audit_log, pool, device, since=test_started)
         assert writes.count("create") == 1 and writes.count("patch") <= 2, writes
         assert len(writes) <= 12, writes
         print(f"writes to the signal record: {len(writes)} {writes}")
