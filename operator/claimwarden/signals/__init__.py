@@ -16,7 +16,8 @@ Modules, by what they decide or do:
   complete pools, KEP-4680 ``allocatedResourcesStatus``, node conditions) as observations (pure).
 - ``alerts``, ``webhook``: the pushed source, Alertmanager's webhook (authenticated; ``resolved`` is
   never recovery: a crashed exporter resolves its alerts too).
-- ``records``: the signal record's name, body and status shape.
+- ``records``: the signal record's name, body and status shape; ``keys``: observation keys bounded to what the
+  record's schema holds, stable across restarts.
 - ``controller``: one device at a time: collect, route, merge, decide, write.
 - ``policy_status``: each HealthPolicy's status (rule counts, Accepted and why not), written on change.
 
