@@ -356,9 +356,13 @@ def _scenario(state: LabState, tmp_path_factory: pytest.TempPathFactory, *, with
         create_pods(api, namespace, [_member(n, "team", uses) for n in names])
 
         def settled() -> dict[str, Any] | None:
+            # The shape reads the claims before the pods: a pod seen Running may have a claim read just
+            # before the scheduler allocated it, so every claim must be allocated and reserved too.
             shape = _shape(api, namespace, version)
             running = sum(1 for p in _pods(api, namespace) if (p.get("status") or {}).get("phase") == "Running")
-            return shape if running == 3 and len(shape["claims"]) == 5 else None
+            claims = shape["claims"].values()
+            complete = len(claims) == 5 and all(c["allocated"] and c["reservedFor"] for c in claims)
+            return shape if running == 3 and complete else None
 
         shapes.append(wait_for("3 pods running with 5 claims", settled, 120, interval=1))
         delete_pods(api, namespace, names)
