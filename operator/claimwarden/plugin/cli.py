@@ -1,10 +1,11 @@
-"""`kubectl claimwarden explain | doctor | devices | mark | clear` (also `claimwarden <verb>`).
+"""`kubectl claimwarden explain | doctor | devices | mark | clear | approve | drain` (also `claimwarden <verb>`).
 
 Follows kubectl's conventions: --kubeconfig, --context, -n/--namespace, -A/--all-namespaces,
 -o wide|json|yaml. Exit codes: 0 fine (explain: allocatable or allocated; doctor: no errors);
 1 the answer is bad (explain: blocked; doctor: error findings); 2 bad input (usage, a missing
-object, a malformed selector); 3 the cluster cannot be reached or refuses. Errors are one line on
-stderr that names the fix, never a traceback.
+object, a malformed selector); 3 the cluster cannot be reached or refuses. drain: 0 drained (or, with
+--dry-run, the plan printed); 1 not drained (--timeout passed, or pods need --force/--delete-emptydir-data).
+Errors are one line on stderr that names the fix, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 EXIT_OK, EXIT_BAD, EXIT_INPUT, EXIT_CLUSTER = 0, 1, 2, 3
-VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
+VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain")
 DETAIL_WIDTH = 110
 
 
@@ -28,6 +29,10 @@ class InputError(Exception):
 def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide", "json", "yaml")) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    if not output:  # a node-wide verb (drain): no namespace, no output format
+        parser.add_argument("--claimwarden-namespace", default="claimwarden-system",
+                            help="claimwarden's own namespace, where its quarantine claims live (default: %(default)s)")
+        return
     parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else 'default')")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="all namespaces")
     parser.add_argument("-o", "--output", choices=output, help="output format: " + "|".join(output))
@@ -84,6 +89,19 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     approve = sub.add_parser("approve", help="let a marked device's evictions past the eviction breaker, as you")
     approve.add_argument("device", metavar="DEVICE", help="[driver/]pool/device of the marked device")
     _common(approve, output=("json", "yaml"))
+    drain = sub.add_parser("drain", help="cordon a node, evict its DRA consumers, wait for their claims to be "
+                                         "released, then evict the rest (DaemonSet and mirror pods stay)")
+    drain.add_argument("node", metavar="NODE")
+    drain.add_argument("--timeout", type=_duration, help="give up after this long, exit 1 and name what is stuck "
+                                                         "(default: wait for ever)")
+    drain.add_argument("--force-after", type=_duration,
+                       help="after this long, delete the pods a PodDisruptionBudget still refuses (past the budget) "
+                            "and those Terminating past their grace period (with grace period 0)")
+    drain.add_argument("--dry-run", action="store_true", help="print every step and object it would act on; "
+                                                              "write nothing")
+    drain.add_argument("--force", action="store_true", help="also evict pods that declare no controller")
+    drain.add_argument("--delete-emptydir-data", action="store_true", help="also evict pods with emptyDir volumes")
+    _common(drain, output=())
     return top
 
 
@@ -97,7 +115,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kubectl claimwarden"
         return _fail(prog, str(exc), EXIT_CLUSTER)
     try:
         handler = {"explain": _explain, "doctor": _doctor, "devices": _devices, "mark": _mark, "clear": _clear,
-                   "approve": _approve}
+                   "approve": _approve, "drain": _drain}
         return handler[args.verb](cluster, args)
     except InputError as exc:
         return _fail(prog, str(exc), EXIT_INPUT)
@@ -380,3 +398,19 @@ def _clear(cluster: Any, args: argparse.Namespace) -> int:
     else:
         print(message)
     return EXIT_OK
+
+
+# --- drain --------------------------------------------------------------------------------------
+
+def _drain(cluster: Any, args: argparse.Namespace) -> int:
+    from . import drain, drainer
+
+    settings = drainer.Settings(node=args.node, timeout=args.timeout, force_after=args.force_after,
+                                options=drain.Options(force=args.force, delete_emptydir_data=args.delete_emptydir_data),
+                                claimwarden_namespace=args.claimwarden_namespace)
+    try:
+        if args.dry_run:
+            return drainer.dry_run(cluster, settings, say=lambda line: print(line, flush=True))
+        return drainer.run(cluster, settings, say=lambda line: print(line, flush=True))
+    except drainer.NodeNotFound:
+        raise InputError(f"node {args.node!r} not found; 'kubectl get nodes' lists them") from None

@@ -51,6 +51,18 @@ class Cluster:
 
     def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
         """One API call; the decoded JSON, or NotFound; other failures raise ClusterError."""
+        status, data = self.call(method, path, body, content_type=content_type)
+        if status == 404:
+            raise NotFound(path)
+        if not 200 <= status <= 299:
+            message = data.get("message") or data.get("reason") if isinstance(data, dict) else None
+            raise ClusterError(f"{method} {path}: {status} {message or 'refused'}")
+        return data
+
+    def call(self, method: str, path: str, body: Any = None, *,
+             content_type: str = "application/json") -> tuple[int, Any]:
+        """One API call: (HTTP status, decoded JSON body), whatever the status; an unreachable API raises
+        ClusterError. For callers that act on refusals, such as an eviction's 429."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             method_, url, header_params, body_, post = self.api.param_serialize(
@@ -58,19 +70,18 @@ class Cluster:
             response = self.api.call_api(method_, url, header_params=header_params, body=body_, post_params=post,
                                          _request_timeout=30)
             response.read()
-            if not 200 <= response.status <= 299:
-                raise ApiException(http_resp=response)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise NotFound(path) from None
-            message = exc.reason
+        except ApiException as exc:  # older clients raise on a non-2xx status
             with contextlib.suppress(ValueError):
-                message = json.loads(exc.body or "{}").get("message") or message
-            raise ClusterError(f"{method} {path}: {exc.status} {message}") from None
+                return int(exc.status or 0), json.loads(exc.body or "{}")
+            return int(exc.status or 0), {"message": exc.reason}
         except Exception as exc:
             raise ClusterError(f"cannot reach the Kubernetes API ({type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:200]}); check --kubeconfig and --context") from None
-        return json.loads(response.data) if response.data else {}
+        data: Any = {}
+        if response.data:
+            with contextlib.suppress(ValueError):
+                data = json.loads(response.data)
+        return int(response.status), data
 
     def list(self, path: str) -> list[Obj] | None:
         """Every item at a list path, or None when the cluster does not serve it."""
