@@ -98,7 +98,7 @@ def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], f
     while True:
         plan = read_plan(cluster, settings, memory)
         if plan.refused:
-            _refusal(plan, say)
+            _refusal(plan, say, written=bool(memory.pods))
             return EXIT_NOT_DRAINED
         memory.pods |= plan.pod_uids
         memory.claims |= {h.uid for h in plan.claims}
@@ -146,8 +146,9 @@ def _ignored(plan: drain.Plan, say: Say) -> None:
         say(f"left alone: pod {left.ref}: {left.reason}")
 
 
-def _refusal(plan: drain.Plan, say: Say) -> None:
-    say(f"cannot drain {plan.node}: nothing written; these pods need a flag:")
+def _refusal(plan: drain.Plan, say: Say, *, written: bool = False) -> None:
+    done = "stopped (a new pod came)" if written else "nothing written"
+    say(f"cannot drain {plan.node}: {done}; these pods need a flag:")
     for left in plan.refused:
         say(f"  pod {left.ref}: {left.reason}")
 
