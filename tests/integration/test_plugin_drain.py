@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from claimwarden_lab.cluster import LabState
+from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
 
-from .auditor import LabAudit
+from .auditor import WRITE_VERBS, LabAudit
 from .helpers import create_pods, gpu_claim_spec, pod_with_claims, template, wait_for
 from .operator import Operator
 
@@ -151,6 +151,7 @@ def test_drain_evicts_dra_consumers_first_waits_for_their_claims_then_the_rest(
     assert claims_line == f"step 3: would wait until {SHARED + SOLO} claim(s) are released"
     assert f"left alone: pod {namespace}/node-agent-" in dry.stdout and "DaemonSet-managed" in dry.stdout
     assert _state(api, namespace) == before
+    print(f"$ kubectl claimwarden drain {NODE} --force --dry-run\n{dry.stdout}")
     assert not _evictions(audit.new_events(), namespace)
 
     started = time.monotonic()
@@ -177,12 +178,20 @@ def test_drain_evicts_dra_consumers_first_waits_for_their_claims_then_the_rest(
     print(f"drained {NODE} in {took:.1f}s\n{result.stdout}")
 
     # The apiserver's order: every DRA consumer's eviction before the first of any other pod.
-    evictions = _evictions(audit.new_events(), namespace)
+    events = audit.new_events()
+    evictions = _evictions(events, namespace)
     evicted = [pod for _, pod in evictions]
     assert sorted(evicted) == sorted(consumers | others), "each pod evicted exactly once"
     last_consumer = max(i for i, pod in enumerate(evicted) if pod in consumers)
     first_other = min(i for i, pod in enumerate(evicted) if pod in others)
     assert last_consumer < first_other, evicted
+    # ...and claimwarden's last write releasing a claim (reservation, deallocation, finalizer) before it too.
+    releases = sorted(e["stageTimestamp"] for e in events if e.get("stage") == "ResponseComplete"
+                      and (e.get("user") or {}).get("username") == CLAIMWARDEN_USER
+                      and e.get("verb") in WRITE_VERBS
+                      and (e.get("objectRef") or {}).get("resource") == "resourceclaims"
+                      and e["objectRef"].get("namespace") == namespace)
+    assert releases and releases[-1] < evictions[first_other][0], (releases[-1:], evictions[first_other])
     # The claims are released: no reservation, standalone claims deallocated, generated claims gone.
     claims = resource.list_namespaced_resource_claim(namespace).items
     assert sorted(c.metadata.name for c in claims) == [f"shared-{i}" for i in range(SHARED)]
@@ -197,30 +206,51 @@ def test_drain_evicts_dra_consumers_first_waits_for_their_claims_then_the_rest(
     assert again.returncode == 0 and "cordoned" not in again.stdout and "evicted pod" not in again.stdout
 
 
-def test_a_budget_that_never_allows_is_named_at_the_timeout_and_force_after_deletes_past_it(
+def test_what_holds_the_drain_is_named_at_the_timeout_and_a_rerun_continues(
         api: client.ApiClient, lab: LabState, namespace: str, claimwarden: Operator, uncordon: None) -> None:
+    """A budget that never allows (step 2), then claims nobody releases while claimwarden is stopped (step 3):
+    each named at --timeout with exit 1; --force-after deletes past the budget; each run (a new process, with
+    nothing remembered) continues where the last one stopped."""
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
-    core.create_namespaced_pod(namespace, _pod("guarded", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-                                               app="guarded"))
+    uses = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    for name in ("guarded", "holder"):
+        core.create_namespaced_pod(namespace, _pod(name, uses, app=name))
     core.create_namespaced_pod(namespace, _pod("web", [], app="web"))
     policy = client.PolicyV1Api(api)
     policy.create_namespaced_pod_disruption_budget(namespace, body={
         "metadata": {"name": "never"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
     wait_for("the budget observed", lambda: (policy.read_namespaced_pod_disruption_budget(
         "never", namespace).status.current_healthy or 0) == 1, 60)
+    claims = wait_for("both claims reserved", lambda: sorted(
+        c.metadata.name for c in resource.list_namespaced_resource_claim(namespace).items
+        if c.status and c.status.reserved_for) if len(resource.list_namespaced_resource_claim(
+            namespace).items) == 2 else None)
 
-    blocked = drain(lab, "--force", "--timeout", "5s")
-    assert blocked.returncode == 1, blocked.stdout + blocked.stderr
-    assert re.search(r"timed out after [56]s at step 2 \(evict DRA consumers\); stuck:", blocked.stdout), blocked.stdout
-    assert f"  pod/{namespace}/guarded: eviction refused by PodDisruptionBudget {namespace}/never: " in blocked.stdout
-    assert "and 1 other pod(s) waiting for step 4" in blocked.stdout
-    assert core.read_namespaced_pod("web", namespace).metadata.deletion_timestamp is None
+    with claimwarden.stopped():  # nothing releases the claims (the shared lab's KCM runs without its claim controller)
+        blocked = drain(lab, "--force", "--timeout", "5s")
+        assert blocked.returncode == 1, blocked.stdout + blocked.stderr
+        assert re.search(r"timed out after [56]s at step 2 \(evict DRA consumers\); stuck:", blocked.stdout), \
+            blocked.stdout
+        assert f"  pod/{namespace}/guarded: eviction refused by PodDisruptionBudget {namespace}/never: " \
+            in blocked.stdout
+        assert f"evicted pod {namespace}/holder" in blocked.stdout
+        assert "and 1 other pod(s) waiting for step 4" in blocked.stdout
+        assert core.read_namespaced_pod("web", namespace).metadata.deletion_timestamp is None
 
-    forced = drain(lab, "--force", "--timeout", "60s", "--force-after", "2s")
-    assert forced.returncode == 0, forced.stdout + forced.stderr
-    assert "cordoned" not in forced.stdout  # the second run continues where the first stopped
-    assert f"--force-after: pod {namespace}/guarded deleted past its PodDisruptionBudget" in forced.stdout
-    assert f"evicted pod {namespace}/web" in forced.stdout
+        forced = drain(lab, "--force", "--timeout", "8s", "--force-after", "2s")
+        assert forced.returncode == 1, forced.stdout + forced.stderr
+        print(f"{blocked.stdout}\n{forced.stdout}")
+        assert "cordoned" not in forced.stdout  # the second run continues where the first stopped
+        assert f"--force-after: pod {namespace}/guarded deleted past its PodDisruptionBudget" in forced.stdout
+        assert "at step 3 (wait until their claims are released); stuck:" in forced.stdout
+        for claim, pod in zip(claims, ("guarded", "holder"), strict=True):
+            assert (f"  resourceclaim/{namespace}/{claim}: reserved for pod(s) {namespace}/{pod} (gone, its "
+                    "reservation not removed yet)") in forced.stdout, forced.stdout
+        assert core.read_namespaced_pod("web", namespace).metadata.deletion_timestamp is None
+
+    done = drain(lab, "--force", "--timeout", "60s")  # claimwarden runs again and releases them
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"evicted pod {namespace}/web" in done.stdout and "guarded" not in done.stdout
     assert not core.list_namespaced_pod(namespace).items
     assert not resource.list_namespaced_resource_claim(namespace).items
