@@ -183,3 +183,14 @@ def test_budgets_are_matched_by_selector_in_the_pods_namespace() -> None:
             {"key": "app", "operator": "NotIn", "values": ["train"]}]}}},
     ]
     assert drain.budgets_of(pod, budgets) == ["ns/all", "ns/by-expr", "ns/by-label"]
+
+
+def test_a_pod_with_an_extended_resource_claim_is_a_dra_consumer() -> None:
+    pod = _pod("ext")
+    pod["spec"]["resourceClaims"] = []
+    pod["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "ext-extended-resources-x"}
+    claim = _claim("ext-extended-resources-x", "ext", owner="ext")
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    plan = drain.plan(_node(True), [pod, _pod("web")], [claim])
+    assert [(p.ref, p.claims) for p in plan.consumers] == [("ns/ext", ("ns/ext-extended-resources-x",))]
+    assert [h.ref for h in plan.claims] == ["ns/ext-extended-resources-x"]
