@@ -95,6 +95,10 @@ def test_generated_claims_must_be_gone_and_standalone_ones_deallocated() -> None
     assert reasons["ns/solo-t-x"] == ("generated for a pod of this node, not deleted yet; being deleted, held by "
                                       "finalizer(s) example.com/hold")
     assert reasons["ns/shared"] == "reserved for nobody, still allocated (not deallocated yet)"
+    finishing = _claim("shared", allocated=False)
+    finishing["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    [held] = drain.plan(_node(True), [_pod("web")], [finishing], seen_claims=seen).claims
+    assert held.reason == "deallocated, its finalizer resource.kubernetes.io/delete-protection not removed yet"
     released = drain.plan(_node(True), [_pod("web")], [_claim("shared", allocated=False)], seen_claims=seen)
     assert released.claims == () and released.step == 4
     assert [p.ref for p in released.evict_now()] == ["ns/web"]

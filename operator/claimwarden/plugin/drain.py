@@ -39,6 +39,7 @@ from datetime import datetime
 
 from claimwarden.health.records import RECORD_LABEL
 from claimwarden.podclaims import (
+    DELETE_PROTECTION_FINALIZER,
     TERMINAL_PHASES,
     controlling_pod_uid,
     has_claims,
@@ -261,9 +262,13 @@ def _held(claim: Obj, *, node_name: str, node_pods: dict[str, Obj], ours: set[st
     generated_for_ours = owner is not None and is_ours(owner)
     if generated_for_ours and not reasons:
         reasons.append("generated for a pod of this node, not deleted yet")
-    elif not entries and owner is None and uid in seen_claims and (claim.get("status") or {}).get("allocation"):
-        # Seen held for this node's pods earlier in this drain: the last reservation went, the allocation did not.
-        reasons.append("reserved for nobody, still allocated (not deallocated yet)")
+    elif not entries and owner is None and uid in seen_claims:
+        # Seen held for this node's pods earlier in this drain: the last reservation went. The controller that
+        # releases it (claimwarden's reservations, or upstream's) deallocates it, then removes its finalizer.
+        if (claim.get("status") or {}).get("allocation"):
+            reasons.append("reserved for nobody, still allocated (not deallocated yet)")
+        elif DELETE_PROTECTION_FINALIZER in (meta.get("finalizers") or []) and not meta.get("deletionTimestamp"):
+            reasons.append(f"deallocated, its finalizer {DELETE_PROTECTION_FINALIZER} not removed yet")
     if not reasons:
         return None
     if meta.get("deletionTimestamp"):
