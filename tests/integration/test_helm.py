@@ -31,8 +31,8 @@ from claimwarden_lab.binaries import helm_binary
 from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab
-from .health_helpers import device_of, mark, record_for, unmark, wait_gone
-from .helpers import pod_with_claims, template, wait_for
+from .health_helpers import evicts_from_a_marked_device
+from .helpers import wait_for
 from .test_image import ROOT, VERSION
 
 NAMESPACE = "claimwarden-system"
@@ -63,29 +63,6 @@ def _sets(*values: str) -> list[str]:
 
 def _pods(core: client.CoreV1Api) -> list[client.V1Pod]:
     return list(core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=claimwarden").items)
-
-
-def _evicts_from_a_marked_device(api: client.ApiClient) -> None:
-    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-    namespace = "helm-health"
-    core.create_namespace(body={"metadata": {"name": namespace}})
-    wait_for("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(
-        namespace, field_selector="metadata.name=default").items, 60)
-    resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
-    body = pod_with_claims("victim", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
-    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "kwok-node-0"}
-    core.create_namespaced_pod(namespace, body=body)
-    wait_for("victim Running", lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running")
-    pool, device = device_of(api, namespace, "victim")
-    mark(api, pool, device, "ECC errors, claimwarden installed by helm")
-    try:
-        wait_gone(api, namespace, "victim")
-        record = wait_for("the record", lambda: record_for(api, pool, device))
-        assert record["status"].get("podsEvicted") == 1, record["status"]
-    finally:
-        unmark(api, pool, device)
-    wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)
-    core.delete_namespace(namespace)
 
 
 def _lease(coordination: client.CoordinationV1Api) -> client.V1LeaseSpec | None:
@@ -143,7 +120,7 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     lease = wait_for("a leader", lambda: (spec := _lease(coordination)) and spec.holder_identity and spec, 60)
     assert lease.holder_identity in installed
     print(f"helm install --wait, then a leader: {time.monotonic() - started:.1f} s")
-    _evicts_from_a_marked_device(api)
+    evicts_from_a_marked_device(api, "helm-health", "ECC errors, claimwarden installed by helm")
 
     upgrading = time.monotonic()
     samples = _upgrade_watching_the_lease(real_lab, coordination, "run.evictionQps=5")
