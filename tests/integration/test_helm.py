@@ -8,7 +8,7 @@ replicas pinned to the real node:
 - `helm install --wait`: a leader; a pod with a claim on the kwok node is evicted when its device is marked;
 - `helm upgrade --wait` with one changed value (run.evictionQps): the rollout starts each new pod before it stops
   an old one, and the Lease moves to a new pod with no gap longer than HANDOVER_MAX_GAP (the old leader releases
-  it on SIGTERM, the standby takes it on its next try); the new pods carry the flag;
+  it on SIGTERM, the standby takes it on its next try); the new pods carry the flag, and the new leader evicts;
 - `helm uninstall --wait`: the CRDs stay (helm.sh/resource-policy: keep), every other object of the chart is
   gone; what claimwarden wrote itself, its Lease, stays.
 """
@@ -135,6 +135,7 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     assert gaps and gaps[-1][1] in upgraded, gaps
     assert all(gap < HANDOVER_MAX_GAP for _, _, gap in gaps), gaps
     print(f"hand-overs during the upgrade (from, to, seconds without a leader): {gaps}")
+    evicts_from_a_marked_device(api, "helm-health-upgraded", "ECC errors, after the upgrade")
     for pod in upgraded.values():
         log = "".join(Path(f).read_text(errors="replace") for f in glob.glob(
             f"/var/log/pods/{NAMESPACE}_{pod.metadata.name}_{pod.metadata.uid}/claimwarden/*.log"))
