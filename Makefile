@@ -82,10 +82,10 @@ test-unit: venv ## run the unit tests only
 test-chart: venv bins helm ## the chart's checks without a lab: helm lint, values, drift against manifests/ (seconds)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/chart
 
-test-integration: venv bins prometheus alertmanager podman ## run the integration tests only (starts a lab)
+test-integration: venv bins helm prometheus alertmanager podman ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
-test-matrix: venv bins-matrix prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+test-matrix: venv bins-matrix helm prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
