@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import tarfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ import yaml
 from claimwarden import cli
 from claimwarden_lab import chartdocs
 
-from .render import CHART, helm, helm_objects, helm_template, project_version, run
+from .render import CHART, NAMESPACE, by_key, helm, helm_objects, helm_template, project_version, run
 
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 
@@ -156,3 +158,24 @@ def test_a_value_without_a_description_is_refused() -> None:
     with pytest.raises(chartdocs.ValuesDocError, match="line 2"):
         chartdocs.documented_keys("# -- dangling\n- item\n")
     assert [v.path for v in chartdocs.values("# -- all of it\nresources:\n  limits: {}\n")] == ["resources"]
+
+
+def test_the_packaged_chart_holds_the_linked_files_and_takes_the_release_version(tmp_path: Path) -> None:
+    """What `make release` does: `helm package --version V --app-version V`; the .tgz has no links (helm stores
+    the files' contents) and renders as the directory does, with the image tag following V."""
+    run(helm(), "package", CHART, "--version", "9.8.7", "--app-version", "9.8.7", "-d", tmp_path)
+    package = tmp_path / "claimwarden-9.8.7.tgz"
+    with tarfile.open(package) as archive:
+        members = {m.name: m for m in archive.getmembers()}
+    assert all(m.isfile() or m.isdir() for m in members.values())
+    linked = {"claimwarden/files/rbac.yaml", "claimwarden/files/crds/unhealthydevices.claimwarden.io.yaml"}
+    assert linked <= set(members)
+    rendered = by_key(run(helm(), "template", "claimwarden", package, "--namespace", NAMESPACE).stdout)
+    container = _container(rendered)
+    assert container["image"] == "claimwarden:9.8.7"
+    directory = helm_objects("image.tag=9.8.7")
+    for objects in (rendered, directory):
+        for obj in objects.values():
+            obj["metadata"].get("labels", {}).pop("helm.sh/chart", None)
+            obj["metadata"].get("labels", {}).pop("app.kubernetes.io/version", None)
+    assert rendered == directory
