@@ -25,7 +25,8 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwa
 IMAGE ?= claimwarden:0.1.0
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench bench-smoke bench-signals chaos soak bench-explain
+	install uninstall deploy undeploy image podman lock bench bench-smoke bench-signals chaos soak bench-explain \
+	helm chart-docs test-chart
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,6 +47,9 @@ bins: ## build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, ku
 
 bins-matrix: bins ## also build the control planes of 1.35, 1.36 and 1.37 (about 9 min each, cold)
 	for v in $(MATRIX_VERSIONS); do K8S_VERSION=$$v bins/build.sh || exit 1; done
+
+helm: ## build helm v3.22.0 from the Go module proxy into ~/.cache/claimwarden/bin/helm-v3.22.0 (the chart tests; about 4 min cold)
+	bins/build-helm.sh
 
 prometheus: ## install Debian's prometheus package (prometheus, promtool) for the metrics tests
 	bins/install-prometheus.sh
@@ -68,17 +72,20 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins-matrix prometheus alertmanager podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
+test: venv bins-matrix helm prometheus alertmanager podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" $(CORE_TESTS)
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
-test-integration: venv bins prometheus alertmanager podman ## run the integration tests only (starts a lab)
+test-chart: venv bins helm ## the chart's checks without a lab: helm lint, values, drift against manifests/ (seconds)
+	$(BIN)/pytest $(PYTEST_ARGS) tests/chart
+
+test-integration: venv bins helm prometheus alertmanager podman ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
-test-matrix: venv bins-matrix prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+test-matrix: venv bins-matrix helm prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
@@ -105,6 +112,9 @@ bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check operator lab tests bench
 	$(BIN)/mypy
+
+chart-docs: venv ## write the values reference of charts/claimwarden/README.md from the comments of its values.yaml
+	$(BIN)/python -m claimwarden_lab.chartdocs
 
 manifests: ## render manifests/base and manifests/monitoring into dist/
 	@mkdir -p dist

@@ -48,3 +48,18 @@ def require_binaries(directory: Path | None = None, version: str = K8S_VERSION) 
                        f"PATH: install Go >= 1.24, then run '{build}'")
     raise LabError(f"{', '.join(missing)} not built in {directory}: run '{build}' "
                    "(or set CLAIMWARDEN_BIN_DIR to where they are)")
+
+
+HELM_VERSION = "3.22.0"
+"""The helm that bins/build-helm.sh builds (`make helm`), for the chart's tests."""
+
+
+def helm_binary() -> Path:
+    """``~/.cache/claimwarden/bin/helm-v<version>/helm`` (``$CLAIMWARDEN_HELM_DIR`` overrides the directory), or a
+    LabError naming the command that builds it."""
+    default = Path.home() / ".cache" / "claimwarden" / "bin" / f"helm-v{HELM_VERSION}"
+    directory = Path(os.environ.get("CLAIMWARDEN_HELM_DIR") or default)
+    helm = directory / "helm"
+    if not helm.is_file():
+        raise LabError(f"helm v{HELM_VERSION} is not built in {directory}: run 'make helm'")
+    return helm

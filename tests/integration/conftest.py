@@ -189,12 +189,14 @@ def claimwarden(operator_process: Operator) -> Operator:
 
 
 @contextlib.contextmanager
-def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = None,
+def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = None, install: bool = True,
               **options: Any) -> Iterator[cluster.LabState]:
     """A second lab for tests that need other options or more devices; stopped afterwards.
 
     Its audit covers the lab's whole life: a module that reuses the same devices in several tests
-    passes `rules` with a higher `max_writes` (and says why)."""
+    passes `rules` with a higher `max_writes` (and says why). install=False leaves out what install_crds
+    installs, for a test that installs claimwarden itself (test_helm.py: Helm refuses to take over objects
+    that kubectl created)."""
     directory = tmp_path_factory.mktemp("extra-lab") / "cluster"
     try:
         options.setdefault("kubernetes", lab_kubernetes())
@@ -204,7 +206,8 @@ def extra_lab(tmp_path_factory: pytest.TempPathFactory, rules: Rules | None = No
     lab_audit = LabAudit(state, from_start=True)
     problems: list[str] = []
     try:
-        install_crds(state)
+        if install:
+            install_crds(state)
         yield state
         problems = lab_audit.check_events(rules or Rules())
         with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .helpers import wait_for
+from .helpers import pod_with_claims, template, wait_for
 
 GROUP, VERSION, PLURAL = "claimwarden.io", "v1alpha1", "unhealthydevices"
 PREFIX = "unhealthy.claimwarden.io/"
@@ -153,3 +153,28 @@ def write_device_health(api: client.ApiClient, namespace: str, pod: str, health:
             if exc.status != 409:
                 raise
     raise AssertionError(f"pod {namespace}/{pod} kept changing: its status was not written")
+
+
+def evicts_from_a_marked_device(api: client.ApiClient, namespace: str, reason: str) -> None:
+    """A pod with a template claim on kwok-node-0 in a new namespace; its device marked, the pod evicted
+    (podsEvicted 1 on the record), the mark cleared, the record gone, the namespace deleted. For claimwarden
+    running as a real pod (test_real_node.py, test_helm.py)."""
+    core = client.CoreV1Api(api)
+    core.create_namespace(body={"metadata": {"name": namespace}})
+    wait_for("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(
+        namespace, field_selector="metadata.name=default").items, 60)
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
+    body = pod_with_claims("victim", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "kwok-node-0"}
+    core.create_namespaced_pod(namespace, body=body)
+    wait_for("victim Running", lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running")
+    pool, device = device_of(api, namespace, "victim")
+    mark(api, pool, device, reason)
+    try:
+        wait_gone(api, namespace, "victim")
+        record = wait_for("the record", lambda: record_for(api, pool, device))
+        assert record["status"].get("podsEvicted") == 1, record["status"]
+    finally:
+        unmark(api, pool, device)
+    wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)
+    core.delete_namespace(namespace)

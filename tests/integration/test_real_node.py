@@ -24,8 +24,8 @@ from claimwarden_lab import realnode
 from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab
-from .health_helpers import device_of, mark, record_for, unmark, wait_gone
-from .helpers import pod_with_claims, template, wait_for
+from .health_helpers import evicts_from_a_marked_device
+from .helpers import wait_for
 from .test_image import ROOT, VERSION
 
 BASE = ROOT / "manifests" / "base"
@@ -67,7 +67,7 @@ def test_make_deploy_runs_claimwarden_as_a_real_pod_that_evicts(
     realnode.import_image(real_lab.dir, ROOT / "dist" / f"claimwarden-{VERSION}.oci.tar", f"claimwarden:{VERSION}")
     _kubectl(real_lab, "apply", "-k", str(_overlay(tmp_path / "overlay")))
     api = config.new_client_from_config(config_file=str(real_lab.kubeconfig))
-    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    core = client.CoreV1Api(api)
 
     def claimwarden_pod() -> client.V1Pod | None:
         pods = core.list_namespaced_pod("claimwarden-system", label_selector="app.kubernetes.io/name=claimwarden")
@@ -98,24 +98,6 @@ def test_make_deploy_runs_claimwarden_as_a_real_pod_that_evicts(
     assert status["Uid"].split()[0] == "65532" and int(status["CapEff"], 16) == 0, status
 
     # The device-health scenario, with claimwarden running as that pod.
-    namespace = "real-node-health"
-    core.create_namespace(body={"metadata": {"name": namespace}})
-    wait_for("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(
-        namespace, field_selector="metadata.name=default").items, 60)
-    resource.create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
-    body = pod_with_claims("victim", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
-    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "kwok-node-0"}
-    core.create_namespaced_pod(namespace, body=body)
-    wait_for("victim Running", lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running")
-    pool, device = device_of(api, namespace, "victim")
-    mark(api, pool, device, "ECC errors, seen on the real node")
-    try:
-        wait_gone(api, namespace, "victim")
-        record = wait_for("the record", lambda: record_for(api, pool, device))
-        assert record["status"].get("podsEvicted") == 1, record["status"]
-    finally:
-        unmark(api, pool, device)
-    wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)
-    core.delete_namespace(namespace)
+    evicts_from_a_marked_device(api, "real-node-health", "ECC errors, seen on the real node")
     assert "Traceback" not in log(), log()[-3000:]
     api.close()
