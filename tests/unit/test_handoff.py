@@ -121,7 +121,8 @@ def test_which_faults_are_node_scoped(effect: str, action: str, node_condition: 
 
 def test_a_fault_key_names_this_mark_of_this_record() -> None:
     assert externalfaults.fault_key(_record()) == "u1@2026-12-02T11:00:00Z"
-    assert externalfaults.fault_key(_record(status={"markedAt": "2026-12-02T11:05:00Z"})) == "u1@2026-12-02T11:05:00Z"
+    # markedAt is written a moment after the record appears: the key must not move with it.
+    assert externalfaults.fault_key(_record(status={"markedAt": "2026-12-02T11:05:00Z"})) == "u1@2026-12-02T11:00:00Z"
     signal = _record(status={"markedAt": "2026-12-02T11:05:00Z", "recovery": {"markedSince": "2026-12-02T11:07:00Z"}})
     assert externalfaults.fault_key(signal) == "u1@2026-12-02T11:07:00Z"
 
@@ -215,3 +216,16 @@ def test_a_bad_annotation_covers_nothing() -> None:
     broken["metadata"]["annotations"] = {externalfaults.FAULTS_ANNOTATION: "{not json"}
     assert externalfaults.covered_keys(broken) == set()
 
+
+
+def test_the_nvsentinel_hand_off_is_off_unless_asked_for() -> None:
+    from claimwarden import cli
+
+    def settings(*flags: str) -> Any:
+        return cli.run_settings(cli._parser(None).parse_args(["run", *flags])).handoff
+
+    assert (settings().nvsentinel, settings().poll_seconds) == (False, 10.0)
+    on = settings("--nvsentinel-handoff=true", "--nvsentinel-poll-period=3")
+    assert (on.nvsentinel, on.poll_seconds) == (True, 3.0)
+    with pytest.raises(SystemExit):
+        settings("--nvsentinel-poll-period=0")

@@ -182,8 +182,9 @@ class HandoffController:
         faults = [f for r in self.cache.records() if (f := self._fault(r)) is not None and f.node == fault.node]
         node_plan = externalfaults.plan_node(fault.node, faults, listing, now())
         if node_plan.create is not None:
+            keys = externalfaults.covered_keys(node_plan.create)
             await self._create(node_plan.create, [r for r in self.cache.records()
-                                                  if r["metadata"]["name"] in {f.record for f in faults}])
+                                                  if externalfaults.fault_key(r) in keys])
             listing = await self._external_faults(fresh=True)
         covering = [f for f in listing if fault.key in externalfaults.covered_keys(f)]
         if any(externalfaults.is_cleared(f) for f in covering):

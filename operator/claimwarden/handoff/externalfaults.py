@@ -67,11 +67,11 @@ def node_scoped(record: Mapping[str, Any], recommendation: Recommendation, *, no
 
 
 def fault_key(record: Mapping[str, Any]) -> str:
-    """This mark of this record: its uid and when the mark began (a signal record's status.recovery.markedSince,
-    else status.markedAt, else its creation)."""
+    """This mark of this record: its uid and when the mark began. A signal record's marks come and go
+    (status.recovery.markedSince); any other record is one mark for its life (its creation: a time that never
+    changes, unlike status.markedAt, which the health controller writes a moment after the record appears)."""
     meta, status = record.get("metadata") or {}, record.get("status") or {}
-    since = ((status.get("recovery") or {}).get("markedSince") or status.get("markedAt")
-             or meta.get("creationTimestamp") or "")
+    since = (status.get("recovery") or {}).get("markedSince") or meta.get("creationTimestamp") or ""
     return f"{meta.get('uid', '')}@{since}"
 
 
