@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import cast
@@ -66,6 +67,9 @@ class HandoffController:
         self.on_cleared = on_cleared  # the signals controller's enqueue (None without signals)
         self.queue = WorkQueue("handoff")
         self._actions: dict[str, str] = {}
+        self._counts: Counter[str] = Counter({action: 0 for action in actions.ACTIONS})
+        for action in actions.ACTIONS:
+            metrics.REPAIR_RECOMMENDED.labels(action).set(0)
         self._written: dict[str, tuple[int, Body]] = {}
         self._served: bool | None = None
         self._served_checked = float("-inf")
@@ -135,9 +139,8 @@ class HandoffController:
         name = cast(str, key)
         record = self.cache.record(name)
         if record is None:
-            self._actions.pop(name, None)
+            self._note_action(name, None)
             self._written.pop(name, None)
-            self._set_gauge()
             return
         found, _ = self.recommendation(record)
         request = await self._hand_off(record) if self.settings.nvsentinel else None
@@ -152,8 +155,7 @@ class HandoffController:
         desired: Body = {"recommendedAction": found.action, "recommendedActionSource": found.source[:1024],
                          "externalFault": request}
         before = status.get("recommendedAction")
-        self._actions[name] = found.action
-        self._set_gauge()
+        self._note_action(name, found.action)
         if all(status.get(k) == v for k, v in desired.items()):
             return
         result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": desired},
@@ -163,9 +165,15 @@ class HandoffController:
             log.info("record %s: recommended action %s (%s)", name, found.action, found.source)
             await self._event(record, "Normal", RECOMMENDED, f"recommended action {found.action}: {found.source}")
 
-    def _set_gauge(self) -> None:
-        for action in actions.ACTIONS:
-            metrics.REPAIR_RECOMMENDED.labels(action).set(sum(1 for a in self._actions.values() if a == action))
+    def _note_action(self, name: str, action: str | None) -> None:
+        """The record's action in the gauge (None: the record is gone); counted as it changes, not recounted."""
+        before = self._actions.pop(name, None)
+        if action is not None:
+            self._actions[name] = action
+        for changed, step in ((before, -1), (action, 1)):
+            if changed is not None and before != action:
+                self._counts[changed] += step
+                metrics.REPAIR_RECOMMENDED.labels(changed).set(self._counts[changed])
 
     # --- NVSentinel ---------------------------------------------------------------------------
 
