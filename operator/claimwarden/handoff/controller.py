@@ -156,6 +156,8 @@ class HandoffController:
                          "externalFault": request}
         before = status.get("recommendedAction")
         self._note_action(name, found.action)
+        if found.action == actions.NONE and request is None and before in (None, actions.NONE):
+            return  # nothing recommended and nothing said yet: absent means None, and a record costs no write
         if all(status.get(k) == v for k, v in desired.items()):
             return
         result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": desired},
