@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from claimwarden import cli, metrics
 from claimwarden.handoff import actions, externalfaults
 from claimwarden.handoff.actions import Recommendation, recommend, signal_default
+from claimwarden.handoff.controller import HandoffController
 from claimwarden.handoff.externalfaults import Fault, plan_node, recovery_hold
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals.observations import Observation
@@ -219,8 +221,6 @@ def test_a_bad_annotation_covers_nothing() -> None:
 
 
 def test_the_nvsentinel_hand_off_is_off_unless_asked_for() -> None:
-    from claimwarden import cli
-
     def settings(*flags: str) -> Any:
         return cli.run_settings(cli._parser(None).parse_args(["run", *flags])).handoff
 
@@ -229,3 +229,19 @@ def test_the_nvsentinel_hand_off_is_off_unless_asked_for() -> None:
     assert (on.nvsentinel, on.poll_seconds) == (True, 3.0)
     with pytest.raises(SystemExit):
         settings("--nvsentinel-poll-period=0")
+
+
+def test_the_gauge_counts_records_per_action_as_they_change() -> None:
+    controller = HandoffController(cache=cast(Any, None), kube=cast(Any, None))
+
+    def shown() -> dict[str, float]:
+        return {a: metrics.REGISTRY.get_sample_value("claimwarden_repair_recommended", {"action": a}) or 0.0
+                for a in actions.ACTIONS}
+
+    controller._note_action("a", actions.NODE_REBOOT)
+    controller._note_action("b", actions.NODE_REBOOT)
+    controller._note_action("a", actions.NODE_REBOOT)  # unchanged: counted once
+    assert shown() == {"None": 0, "GpuReset": 0, "NodeReboot": 2, "Drain": 0}
+    controller._note_action("b", actions.DRAIN)
+    controller._note_action("a", None)  # the record is gone
+    assert shown() == {"None": 0, "GpuReset": 0, "NodeReboot": 0, "Drain": 1}
