@@ -137,12 +137,15 @@ def test_the_flag_off_recommends_an_action_and_requests_no_repair(
     create_record(api, name, "kwok-node-0", "gpu-6", "NoSchedule", "XID 79 seen by hand",
                   recommendedAction="NodeReboot")
     try:
-        marked = wait_for("status.recommendedAction", lambda: (
-            r if _status(r := _record(api, name)).get("recommendedAction") == "NodeReboot" else None))
+        # The health controller's status (the quarantine claim) and ours, both written.
+        marked = wait_for("status.recommendedAction and the quarantine", lambda: (
+            r if (s := _status(r := _record(api, name))).get("recommendedAction") == "NodeReboot"
+            and s.get("quarantineClaims") else None))
         assert _status(marked)["recommendedActionSource"] == "spec.recommendedAction"
         wait_for("the RepairRecommended Event", lambda: events(api, "default", name, "RepairRecommended"))
         assert counter_sum(claimwarden.metrics(), "claimwarden_repair_recommended", 'action="NodeReboot"') >= 1
         # Quiet while nothing changes: a resync (every 300 s here) or any other event writes nothing more.
+        time.sleep(1)
         audit = LabAudit(lab)
         client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {
             "metadata": {"labels": {"touched": "yes"}}})
