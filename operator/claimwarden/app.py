@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import kopf
@@ -39,6 +39,7 @@ from .cache import (
 from .claims import podgroups
 from .claims.controller import ClaimsController
 from .claims.podgroup_controller import PodGroupsController
+from .handoff.controller import HandoffController, HandoffSettings
 from .health import records
 from .health.controller import HealthController, HealthSettings
 from .health.plan import is_quarantine_claim, scheduler_retries_on_claim_deletion
@@ -103,6 +104,7 @@ class RunSettings:
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
     webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)  # README "Hand-off to repair"
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
@@ -309,6 +311,8 @@ async def record_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) ->
     runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
         runtime.health.enqueue_record(name)
+    if runtime is not None and runtime.handoff is not None:
+        runtime.handoff.enqueue(name)
     if runtime is not None and runtime.signals is not None:
         runtime.signals.enqueue_record(dict(body))
 
@@ -476,6 +480,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             runtime.add_loop(runtime.signals.queue, runtime.signals.reconcile, workers)
             runtime.add_loop(runtime.signals.statuses.queue, runtime.signals.statuses.reconcile, 1)
             await _start_webhook(run_settings, runtime, runtime.signals, memo)
+        signals = runtime.signals
+        runtime.handoff = HandoffController(cache=cache, kube=kube, settings=run_settings.handoff,
+                                            on_cleared=signals.enqueue if signals is not None else None)
+        if signals is not None:
+            signals.repair_gate = runtime.handoff
+        runtime.add_loop(runtime.handoff.queue, runtime.handoff.reconcile, workers)
     if "reservations" in run_settings.controllers:
         health = runtime.health
         runtime.reservations = ReservationsController(

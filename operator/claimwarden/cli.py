@@ -209,6 +209,11 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                           "(default: %(default)s)")
     run.add_argument("--alert-burst", type=_burst, default=200,
                      help="Alertmanager webhook: new firing alerts accepted at once (default: %(default)s)")
+    run.add_argument("--nvsentinel-handoff", type=_boolean, default=False, metavar="true|false",
+                     help="hand node-scoped device faults to NVIDIA NVSentinel as ExternalFaults, where its CRD is "
+                          "served (needs manifests/nvsentinel's RBAC; default: %(default)s)")
+    run.add_argument("--nvsentinel-poll-period", type=_seconds, default=10.0, metavar="SECONDS",
+                     help="how often an open ExternalFault is read for FaultCleared (default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 
@@ -253,6 +258,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
     What the server serves is not known yet: `_run` adds it with `dataclasses.replace`.
     """
     from .app import RunSettings
+    from .handoff.controller import HandoffSettings
     from .health import breaker
     from .health.controller import HealthSettings
     from .leader.elector import ElectionSettings, default_identity
@@ -286,7 +292,8 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         resync_seconds=args.resync_period, metrics_cache_seconds=args.metrics_cache_period,
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
         api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
-        workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None)
+        workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None,
+        handoff=HandoffSettings(nvsentinel=args.nvsentinel_handoff, poll_seconds=args.nvsentinel_poll_period))
 
 
 def _run(args: argparse.Namespace) -> int:

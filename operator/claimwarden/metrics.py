@@ -121,6 +121,11 @@ WEBHOOK_ALERTS = Counter("claimwarden_webhook_alerts_total", "Alerts the webhook
                          "handed to its device's record; duplicate: seen within the hour; resolved: ignored, "
                          "resolving is not recovery; unresolved_device: no device found from its labels; "
                          "rate_limited: refused with 429).", ["result"], registry=REGISTRY)
+REPAIR_RECOMMENDED = Gauge("claimwarden_repair_recommended", "UnhealthyDevice records by the repair they recommend "
+                           "(status.recommendedAction: None, GpuReset, NodeReboot, Drain).", ["action"],
+                           registry=REGISTRY)
+REPAIR_REQUESTS = Counter("claimwarden_repair_requests_total", "NVSentinel ExternalFaults claimwarden created for "
+                          "node-scoped faults, by result (created, error).", ["result"], registry=REGISTRY)
 SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
                         "did not compute them in time or computing them failed.", registry=REGISTRY)
 

@@ -25,6 +25,7 @@ from . import staleness
 from .cache import Cache
 from .claims.controller import ClaimsController
 from .claims.podgroup_controller import PodGroupsController
+from .handoff.controller import HandoffController
 from .health.controller import HealthController
 from .kube.api import Kube
 from .leader.elector import Elector
@@ -60,6 +61,7 @@ class Runtime:
     reservations: ReservationsController | None = None
     health: HealthController | None = None
     signals: SignalsController | None = None  # with health, where the HealthPolicy CRD is installed
+    handoff: HandoffController | None = None  # with health: recommended actions, NVSentinel requests
     elector: Elector | None = None
     election: asyncio.Task[None] | None = None
     """The elector's loop: kept renewing through a drain (the fence then still lets the last writes out)."""
@@ -102,6 +104,8 @@ class Runtime:
                 self.health.enqueue_record(record)
         if self.signals:
             self.signals.enqueue_all()
+        if self.handoff:
+            self.handoff.enqueue_all()
 
     async def _resync(self) -> None:
         """Every few minutes look at everything again, so nothing depends on a single event.

@@ -73,11 +73,12 @@ def test_enforced_taint_evicts_through_the_eviction_api_and_its_removal_recovers
         metrics = signals_operator.metrics()
         assert counter_sum(metrics, "claimwarden_signal_recoveries_total", 'source="DriverTaint"') >= 1
         # No write loop: the signals wrote the record on each change only (created; status and spec marked; status
-        # and spec recovered), and the health controller its status a few times; a quiet record is not written.
+        # and spec recovered), the hand-off its status.recommendedAction twice (XID 79: NodeReboot, then None once
+        # recovered), and the health controller its status a few times; a quiet record is not written.
         time.sleep(3)
         writes = record_writes(signals_lab.audit_log, pool, device, since=test_started)
         assert writes.count("create") == 1 and writes.count("patch") <= 2, writes
-        assert len(writes) <= 12, writes
+        assert len(writes) <= 14, writes
         print(f"writes to the signal record: {len(writes)} {writes}")
     finally:
         set_taints(api, pool, device, [])

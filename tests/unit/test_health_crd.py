@@ -62,7 +62,8 @@ def test_no_preserve_unknown_fields_anywhere(crd: dict[str, Any]) -> None:
 def test_spec_required_fields(schema: dict[str, Any]) -> None:
     spec = schema["properties"]["spec"]
     assert sorted(spec["required"]) == ["device", "driver", "effect", "pool", "reason"]
-    assert set(spec["properties"]) == {"driver", "pool", "device", "effect", "reason", "source", "expiresAt", "drain"}
+    assert set(spec["properties"]) == {"driver", "pool", "device", "effect", "reason", "source", "expiresAt", "drain",
+                                      "recommendedAction"}
 
 
 def test_spec_field_constraints(schema: dict[str, Any]) -> None:
@@ -121,7 +122,9 @@ def test_status_conditions_are_standard(schema: dict[str, Any]) -> None:
 
 def test_printer_columns(version: dict[str, Any]) -> None:
     columns = {column["name"]: column for column in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Drain", "Pending", "Evicted", "Age"]
+    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Drain", "Repair", "Pending", "Evicted",
+                             "Age"]
+    assert (columns["Repair"]["jsonPath"], columns["Repair"]["priority"]) == (".status.recommendedAction", 1)
     assert columns["Driver"]["jsonPath"] == ".spec.driver"
     assert columns["Driver"]["priority"] == 1
     assert columns["Pool"]["jsonPath"] == ".spec.pool"
@@ -132,7 +135,8 @@ def test_printer_columns(version: dict[str, Any]) -> None:
     assert columns["Evicted"]["jsonPath"] == ".status.podsEvicted"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert columns["Drain"] == {"name": "Drain", "type": "string", "jsonPath": ".spec.drain", "priority": 1}
-    assert all("priority" not in column for name, column in columns.items() if name not in ("Driver", "Drain"))
+    assert all("priority" not in column for name, column in columns.items()
+               if name not in ("Driver", "Drain", "Repair"))
 
 
 def _accepts(schema: dict[str, Any], field: str, value: str) -> bool:

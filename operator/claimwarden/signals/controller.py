@@ -19,7 +19,7 @@ import logging
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from .. import metrics
 from ..cache import Body, Cache, resource_version
@@ -51,6 +51,13 @@ VERIFIED_AHEAD_MAX = timedelta(minutes=5)
 BOUNDARY_KEPT = timedelta(hours=24)
 """A record with a person's verified clear is kept this long after it: what it cleared (an alert sent again by
 Alertmanager, older than the boundary) must not come back as new on a fresh record."""
+
+
+class RepairGate(Protocol):
+    """Whether a repair system still holds a record's recovery (README "Hand-off to repair")."""
+
+    def recovery_hold(self, record: Body) -> str | None: ...
+    async def held(self, record: Body, why: str) -> None: ...
 
 
 @dataclass
@@ -92,6 +99,8 @@ class SignalsController:
         self._slice_taints: dict[str, dict[str, list[Body]]] = {}
         self._pod_health: dict[str, frozenset[podhealth.DeviceHealth]] = {}
         self._node_conditions: dict[str, list[Body]] = {}
+        self.repair_gate: RepairGate | None = None
+        """The hand-off (handoff/controller.py): a verified clear waits while the record's repair is open."""
 
     # --- events -> queue ------------------------------------------------------------------------
 
@@ -497,6 +506,13 @@ class SignalsController:
         at = max([at, *(o.at for o in merged)])
         if history.boundary is not None and at <= history.boundary:
             return None
+        held = self.repair_gate.recovery_hold(record) if self.repair_gate is not None else None
+        if held:
+            log.info("record %s: the verified clear at %s waits: %s", record["metadata"]["name"], format_rfc3339(at),
+                     held)
+            assert self.repair_gate is not None
+            await self.repair_gate.held(record, held)
+            return None  # the hand-off brings the device back when the repair is cleared
         if at > moment:
             log.info("record %s: the verified clear at %s applies once this clock reaches it",
                      record["metadata"]["name"], format_rfc3339(at))

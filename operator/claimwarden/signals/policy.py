@@ -39,6 +39,8 @@ RULES_MAX = 32
 VALUES_MAX = 16
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 POD_SIGNAL = "allocatedResourcesStatus"
+REPAIR_ACTIONS = ("None", "GpuReset", "NodeReboot", "Drain")
+"""A rule's recommendedAction (handoff/actions.py ACTIONS: kept in step, the CRD's enum too)."""
 
 _DURATION = re.compile(r"^(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:([0-9]{1,6})s)?$")
 _RULE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -85,6 +87,8 @@ class Rule:
     threshold: Threshold = Threshold()
     workload_fault: WorkloadFault | None = None
     drain: str | None = None
+    recommended_action: str | None = None
+    """What a repair system should do about a device this rule marks (handoff/actions.py); None: the signal's."""
 
     def matches(self, o: Observation) -> bool:
         """The observation is of this rule's source and signal, with one of its values (any when none)."""
@@ -215,11 +219,15 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
     drain = body.get("drain")
     if drain is not None and (not isinstance(drain, str) or parse_drain(drain) is None):
         errors.add(f"{where}.drain", f"{drain!r} is not Immediate, AllowCompletion or EvictAfter=<duration>")
+    action = body.get("recommendedAction")
+    if action is not None and action not in REPAIR_ACTIONS:
+        errors.add(f"{where}.recommendedAction", f"{action!r} is not one of {', '.join(REPAIR_ACTIONS)}")
     if len(errors) > before:
         return None
     return Rule(name=str(name), source=str(source), signal=str(signal), values=values, effect=str(effect),
                 mode=str(mode), threshold=threshold, workload_fault=workload_fault,
-                drain=str(drain) if drain is not None else None)
+                drain=str(drain) if drain is not None else None,
+                recommended_action=str(action) if action is not None else None)
 
 
 def parse_policy(body: Mapping[str, Any]) -> tuple[Policy | None, list[str]]:
