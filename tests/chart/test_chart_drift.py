@@ -32,6 +32,7 @@ SHAPES = {
                     "monitoring.dashboard.enabled=true"), ("monitoring", "monitoring/dashboards")),
     "alerting": (("alerting.webhook.enabled=true",), ("alerting",)),
     "marking": (("marking.enabled=true",), ("base", "marking")),
+    "nvsentinel": (("run.nvsentinelHandoff=true",), ("nvsentinel",)),
 }
 
 

@@ -53,6 +53,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "alertClientCaFile": ("/etc/hook/ca.crt", "/etc/hook/ca.crt"),
     "alertRate": ("20", 20.0),
     "alertBurst": ("40", 40),
+    "nvsentinelHandoff": ("true", True),
+    "nvsentinelPollPeriod": ("30", 30.0),
     "verbose": ("true", True),
     "logFormat": ("full", "full"),
 }
