@@ -22,10 +22,15 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 	tests/integration/test_signals_alertmanager.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
-IMAGE ?= claimwarden:0.1.0
+# The one version source; `make release VERSION=x.y.z` stamps another into a copy of the tree.
+SOURCE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' operator/claimwarden/__init__.py)
+IMAGE_REPOSITORY ?= claimwarden
+IMAGE ?= $(IMAGE_REPOSITORY):$(SOURCE_VERSION)
+HELM ?= $(HOME)/.cache/claimwarden/bin/helm-v3.22.0/helm
+DIST ?= dist/v$(VERSION)
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench bench-smoke bench-signals chaos soak bench-explain
+	install uninstall deploy undeploy image podman lock release chart-package syft deploy-overlay bench bench-smoke bench-signals chaos soak bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -103,12 +108,18 @@ bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU 
 	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)
 
 lint: venv ## ruff and mypy
-	$(BIN)/ruff check operator lab tests bench
+	$(BIN)/ruff check operator lab tests bench release
 	$(BIN)/mypy
 
-manifests: ## render manifests/base and manifests/monitoring into dist/
-	@mkdir -p dist
-	$(KUBECTL) kustomize manifests/base > dist/claimwarden.yaml
+# manifests/base names the image `claimwarden` without a tag; a clone's manifests and deploy pin it to IMAGE
+# (the source version) through this overlay, a release pins it by digest (release/build.py).
+deploy-overlay:
+	@mkdir -p dist/deploy
+	@printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' 'resources: [../../manifests/base]' \
+		'images: [{name: claimwarden, newName: "$(IMAGE_REPOSITORY)", newTag: "$(SOURCE_VERSION)"}]' > dist/deploy/kustomization.yaml
+
+manifests: deploy-overlay ## render manifests/base (image IMAGE_REPOSITORY:<source version>) and manifests/monitoring into dist/
+	$(KUBECTL) kustomize dist/deploy > dist/claimwarden.yaml
 	$(KUBECTL) kustomize manifests/monitoring > dist/claimwarden-monitoring.yaml
 	@echo "wrote dist/claimwarden.yaml and dist/claimwarden-monitoring.yaml"
 
@@ -118,8 +129,8 @@ install: ## install the CRDs into the current cluster
 uninstall: ## remove the CRDs (and with them every UnhealthyDevice record)
 	$(KUBECTL) delete -k crds/
 
-deploy: ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service) into the current cluster
-	$(KUBECTL) apply -k manifests/base
+deploy: deploy-overlay ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service; image IMAGE_REPOSITORY:<source version>) into the current cluster
+	$(KUBECTL) apply -k dist/deploy
 
 undeploy: ## remove what deploy installed
 	$(KUBECTL) delete -k manifests/base
@@ -129,6 +140,20 @@ image: ## build the image and write dist/claimwarden-<version>.oci.tar (docker i
 
 podman: ## install podman, runc, mmdebstrap and containerd from Debian (make image, the image and real-node tests)
 	image/install-podman.sh
+
+release: venv ## every artifact of release VERSION=x.y.z into dist/vx.y.z (image archive, bundles pinned by digest, chart, SBOM, SHA256SUMS); IMAGE_REPOSITORY=registry.example/claimwarden, ALLOW_DIRTY=1
+	@[[ -n "$(VERSION)" ]] || { echo "make release VERSION=x.y.z (semver; the source says $(SOURCE_VERSION))" >&2; exit 2; }
+	$(BIN)/python -m release.build --version "$(VERSION)" --dist "$(DIST)" --repository "$(IMAGE_REPOSITORY)" \
+		--kubectl "$(KUBECTL)" $(if $(ALLOW_DIRTY),--allow-dirty)
+
+chart-package: ## the release's hook: helm package charts/claimwarden into DIST at VERSION, if the chart exists (IMAGE_REPOSITORY, IMAGE_DIGEST: the release's image)
+	@if [[ -d charts/claimwarden ]]; then \
+		bins/build-helm.sh && mkdir -p "$(DIST)" && \
+		$(HELM) package charts/claimwarden --version "$(VERSION)" --app-version "$(VERSION)" --destination "$(DIST)"; \
+	else echo "chart-package: no charts/claimwarden; nothing to package"; fi
+
+syft: ## build syft (the release's SBOM generator) from the Go module proxy into ~/.cache/claimwarden/bin
+	bins/build-syft.sh
 
 lock: ## regenerate requirements.lock (pinned runtime dependencies with hashes) from pyproject.toml
 	image/lock.sh
