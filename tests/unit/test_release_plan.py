@@ -6,7 +6,6 @@ import hashlib
 import json
 
 import pytest
-
 from release import plan
 
 INIT = '"""claimwarden."""\n\n__version__ = "0.3.0"\n'

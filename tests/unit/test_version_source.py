@@ -9,8 +9,9 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from claimwarden import __version__
 from release import plan
+
+from claimwarden import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "operator/claimwarden/__init__.py"
@@ -49,7 +50,7 @@ def test_no_tracked_file_writes_the_version_out_again() -> None:
         except UnicodeDecodeError:
             continue
         found += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if token.search(line)]
-    assert not found, f"{__version__} written out (read claimwarden.__version__ or the Makefile's SOURCE_VERSION): {found}"
+    assert not found, f"{__version__} written out (read __version__ or the Makefile's SOURCE_VERSION): {found}"
 
 
 def test_the_guard_sees_a_version_written_out() -> None:
