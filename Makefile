@@ -30,7 +30,7 @@ HELM ?= $(HOME)/.cache/claimwarden/bin/helm-v3.22.0/helm
 DIST ?= dist/v$(VERSION)
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock release chart-package syft deploy-overlay bench bench-smoke bench-signals chaos soak bench-explain
+	install uninstall deploy undeploy image podman lock release chart-package syft deploy-overlay image-arm64 bench bench-smoke bench-signals chaos soak bench-explain
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,17 +73,17 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins-matrix prometheus alertmanager podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
+test: venv bins-matrix prometheus alertmanager podman faketime syft ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" $(CORE_TESTS)
 
 test-unit: venv ## run the unit tests only
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
-test-integration: venv bins prometheus alertmanager podman ## run the integration tests only (starts a lab)
+test-integration: venv bins prometheus alertmanager podman syft ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
-test-matrix: venv bins-matrix prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+test-matrix: venv bins-matrix prometheus alertmanager podman syft ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
@@ -137,6 +137,9 @@ undeploy: ## remove what deploy installed
 
 image: ## build the image and write dist/claimwarden-<version>.oci.tar (docker if it runs, else podman from Debian with a local mmdebstrap base; BASE=python:3.11-slim with a registry)
 	IMAGE=$(IMAGE) image/build.sh
+
+image-arm64: ## the arm64 image through qemu user emulation (podman; installs qemu-user-static and arch-test from Debian): dist/claimwarden-<version>-linux-arm64.oci.tar; slow, not in make test
+	ARCH=arm64 image/build.sh
 
 podman: ## install podman, runc, mmdebstrap and containerd from Debian (make image, the image and real-node tests)
 	image/install-podman.sh

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import yaml
+
 from release import plan
 
 ROOT = Path(__file__).resolve().parents[1]
