@@ -149,9 +149,9 @@ release: venv ## every artifact of release VERSION=x.y.z into dist/vx.y.z (image
 	$(BIN)/python -m release.build --version "$(VERSION)" --dist "$(DIST)" --repository "$(IMAGE_REPOSITORY)" \
 		--kubectl "$(KUBECTL)" $(if $(ALLOW_DIRTY),--allow-dirty)
 
-chart-package: ## the release's hook: helm package charts/claimwarden into DIST at VERSION, if the chart exists (IMAGE_REPOSITORY, IMAGE_DIGEST: the release's image)
+chart-package: ## the release's hook: helm package charts/claimwarden into DIST at VERSION (chart and app version), if the chart exists
 	@if [[ -d charts/claimwarden ]]; then \
-		bins/build-helm.sh && mkdir -p "$(DIST)" && \
+		{ [[ -x "$(HELM)" ]] || bins/build-helm.sh; } && mkdir -p "$(DIST)" && \
 		$(HELM) package charts/claimwarden --version "$(VERSION)" --app-version "$(VERSION)" --destination "$(DIST)"; \
 	else echo "chart-package: no charts/claimwarden; nothing to package"; fi
 

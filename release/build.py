@@ -94,12 +94,15 @@ def write_bundles(stage: Path, dist: Path, names: dict[str, str], *, kubectl: st
 
 
 def package_chart(stage: Path, dist: Path, version: plan.ReleaseVersion, *, repository: str, digest: str) -> None:
-    """The chart helper's hook: `make chart-package` (helm package into DIST), when the chart exists."""
-    if not (stage / "charts" / "claimwarden").is_dir():
+    """The chart, its values pinned to the release's image in the staged copy, packaged by the Makefile's hook
+    (`make chart-package`: helm package into DIST at VERSION), when the commit has one."""
+    chart = stage / "charts" / "claimwarden"
+    if not chart.is_dir():
         say("no charts/claimwarden in this commit: no chart in the release")
         return
-    run(["make", "--no-print-directory", "chart-package", f"VERSION={version.semver}", f"DIST={dist}",
-         f"IMAGE_REPOSITORY={repository}", f"IMAGE_DIGEST={digest}"], cwd=stage)
+    values = chart / "values.yaml"
+    values.write_text(plan.pin_chart_values(values.read_text(), repository=repository, digest=digest))
+    run(["make", "--no-print-directory", "chart-package", f"VERSION={version.semver}", f"DIST={dist}"], cwd=stage)
 
 
 def write_sbom(archive: Path, sbom: Path) -> None:

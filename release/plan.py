@@ -96,6 +96,23 @@ def pin_image(kustomization: dict[str, Any], *, repository: str, digest: str) ->
     return {**kustomization, "images": images}
 
 
+def pin_chart_values(values: str, *, repository: str, digest: str) -> str:
+    """The chart's values.yaml (charts/claimwarden) with image.repository and image.digest set, its comments
+    kept (the chart's values reference is made from them). The `image:` block must hold both keys, two spaces
+    in; anything else is a ValueError, not a silent unpinned chart."""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    block = re.search(r"^image:\n((?:(?:  .*|#.*|)\n)+)", values, re.MULTILINE)
+    if block is None:
+        raise ValueError("the chart's values.yaml has no top-level image: block")
+    body = block.group(1)
+    for key, value in (("repository", repository), ("digest", digest)):
+        body, found = re.subn(rf"^  {key}: .*$", f"  {key}: {json.dumps(value)}", body, count=1, flags=re.MULTILINE)
+        if not found:
+            raise ValueError(f"the chart's values.yaml has no image.{key}")
+    return values[:block.start(1)] + body + values[block.end(1):]
+
+
 def manifest_digest(index: dict[str, Any], blobs: dict[str, bytes]) -> str:
     """The digest of the image manifest that an OCI archive's index.json names, after checking that the
     manifest's bytes hash to it (what a registry then serves under that digest: push with --preserve-digests).

@@ -125,7 +125,11 @@ def test_a_release_writes_every_artifact_and_each_checks_out(released: tuple[Pat
             member = tgz.extractfile("claimwarden/Chart.yaml")
             assert member is not None
             meta = yaml.safe_load(member.read())
+            member = tgz.extractfile("claimwarden/values.yaml")
+            assert member is not None
+            values = yaml.safe_load(member.read())
         assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+        assert (values["image"]["repository"], values["image"]["digest"]) == ("claimwarden", digest)
 
 
 def test_a_version_that_is_not_releasable_is_refused_before_anything_is_built(tmp_path: Path) -> None:

@@ -103,3 +103,31 @@ def test_artifacts_carry_the_version_in_their_names() -> None:
     names = plan.artifact_names(plan.parse_version("1.0.0-rc.1"))
     assert all("1.0.0-rc.1" in name for name in names.values())
     assert names["image"].endswith(".oci.tar") and names["sbom"].endswith(".spdx.json")
+
+
+VALUES = """# Values.
+replicaCount: 2
+
+image:
+  # -- The image without tag.
+  repository: claimwarden
+  # -- The tag; empty means the chart's appVersion.
+  tag: ""
+  # -- A digest.
+  digest: ""
+
+run:
+  digest: keep
+"""
+
+
+def test_the_chart_values_name_the_image_by_digest_and_keep_their_comments() -> None:
+    digest = "sha256:" + "cd" * 32
+    pinned = plan.pin_chart_values(VALUES, repository="registry.example/claimwarden", digest=digest)
+    assert pinned == VALUES.replace("  repository: claimwarden", '  repository: "registry.example/claimwarden"') \
+        .replace('  digest: ""', f'  digest: "{digest}"')
+    assert "run:\n  digest: keep" in pinned, "only the image block changes"
+    with pytest.raises(ValueError, match=r"no image\.digest"):
+        plan.pin_chart_values(VALUES.replace('  digest: ""\n', ""), repository="claimwarden", digest=digest)
+    with pytest.raises(ValueError, match="no top-level image"):
+        plan.pin_chart_values("replicaCount: 2\n", repository="claimwarden", digest=digest)

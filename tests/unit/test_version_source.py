@@ -15,7 +15,9 @@ from claimwarden import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "operator/claimwarden/__init__.py"
-MAY_NAME_VERSIONS = {"CHANGELOG.md"}
+# The CHANGELOG names versions by design. Helm needs a literal version in Chart.yaml: the chart's own test holds
+# it equal to __version__, and a release packages the chart with --version/--app-version of its own.
+MAY_NAME_VERSIONS = {"CHANGELOG.md", "charts/claimwarden/Chart.yaml"}
 
 
 def _tracked_files() -> list[str]:
