@@ -114,13 +114,14 @@ lint: venv ## ruff and mypy
 # manifests/base names the image `claimwarden` without a tag; a clone's manifests and deploy pin it to IMAGE
 # (the source version) through this overlay, a release pins it by digest (release/build.py).
 deploy-overlay:
-	@mkdir -p dist/deploy
-	@printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' 'resources: [../../manifests/base]' \
-		'images: [{name: claimwarden, newName: "$(IMAGE_REPOSITORY)", newTag: "$(SOURCE_VERSION)"}]' > dist/deploy/kustomization.yaml
+	@for base in base monitoring; do mkdir -p dist/deploy-$$base && printf '%s\n' \
+		'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' "resources: [../../manifests/$$base]" \
+		'images: [{name: claimwarden, newName: "$(IMAGE_REPOSITORY)", newTag: "$(SOURCE_VERSION)"}]' \
+		> dist/deploy-$$base/kustomization.yaml; done
 
 manifests: deploy-overlay ## render manifests/base (image IMAGE_REPOSITORY:<source version>) and manifests/monitoring into dist/
-	$(KUBECTL) kustomize dist/deploy > dist/claimwarden.yaml
-	$(KUBECTL) kustomize manifests/monitoring > dist/claimwarden-monitoring.yaml
+	$(KUBECTL) kustomize dist/deploy-base > dist/claimwarden.yaml
+	$(KUBECTL) kustomize dist/deploy-monitoring > dist/claimwarden-monitoring.yaml
 	@echo "wrote dist/claimwarden.yaml and dist/claimwarden-monitoring.yaml"
 
 install: ## install the CRDs into the current cluster
@@ -130,7 +131,7 @@ uninstall: ## remove the CRDs (and with them every UnhealthyDevice record)
 	$(KUBECTL) delete -k crds/
 
 deploy: deploy-overlay ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service; image IMAGE_REPOSITORY:<source version>) into the current cluster
-	$(KUBECTL) apply -k dist/deploy
+	$(KUBECTL) apply -k dist/deploy-base
 
 undeploy: ## remove what deploy installed
 	$(KUBECTL) delete -k manifests/base
