@@ -37,12 +37,14 @@ def say(message: str) -> None:
     print(f"release: {message}", flush=True)
 
 
-def run(argv: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
-    """The command's stdout; its stderr passes through. A failure ends the release with the command named."""
-    result = subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
+def run(argv: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None, show: bool = False) -> str:
+    """The command's stdout (shown as it comes instead with `show`); its stderr passes through. A failure ends
+    the release with the command named."""
+    result = subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})},
+                            stdout=None if show else subprocess.PIPE, text=True)
     if result.returncode != 0:
         raise SystemExit(f"release: {' '.join(argv)} failed with exit code {result.returncode}")
-    return result.stdout
+    return result.stdout or ""
 
 
 def dirty_files() -> list[str]:
@@ -102,7 +104,8 @@ def package_chart(stage: Path, dist: Path, version: plan.ReleaseVersion, *, repo
         return
     values = chart / "values.yaml"
     values.write_text(plan.pin_chart_values(values.read_text(), repository=repository, digest=digest))
-    run(["make", "--no-print-directory", "chart-package", f"VERSION={version.semver}", f"DIST={dist}"], cwd=stage)
+    run(["make", "--no-print-directory", "chart-package", f"VERSION={version.semver}", f"DIST={dist}"], cwd=stage,
+        show=True)
 
 
 def write_sbom(archive: Path, sbom: Path) -> None:
@@ -152,7 +155,7 @@ def release(args: argparse.Namespace) -> int:
         (stage / INIT).write_text(plan.stamp_version((stage / INIT).read_text(), version))
         archive = dist / names["image"]
         run([str(stage / "image" / "build.sh")], cwd=stage,
-            env={"IMAGE": image, "ARCHIVE": str(archive), "REVISION": commit})
+            env={"IMAGE": image, "ARCHIVE": str(archive), "REVISION": commit}, show=True)
         digest = archive_digest(archive)
         say(f"image {image}, manifest {digest}")
         write_bundles(stage, dist, names, kubectl=args.kubectl, repository=args.repository, digest=digest)
