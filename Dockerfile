@@ -22,5 +22,9 @@ FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/claimwarden/bin:$PATH
 COPY --from=build /opt/claimwarden /opt/claimwarden
 USER 65532:65532
+# Last, so that a new version or commit rebuilds no layer (image/build.sh passes both).
+ARG VERSION=unknown REVISION=unknown
+LABEL org.opencontainers.image.title=claimwarden org.opencontainers.image.version=$VERSION \
+      org.opencontainers.image.revision=$REVISION org.opencontainers.image.licenses=Apache-2.0
 EXPOSE 8080 9090
 ENTRYPOINT ["claimwarden", "run"]

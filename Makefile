@@ -22,10 +22,15 @@ CORE_TESTS := tests/integration/test_lab_cli.py tests/integration/test_claims_li
 	tests/integration/test_signals_alertmanager.py
 
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(HOME)/.cache/claimwarden/bin/v1.34.4/kubectl)
-IMAGE ?= claimwarden:0.1.0
+# The one version source; `make release VERSION=x.y.z` stamps another into a copy of the tree.
+SOURCE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' operator/claimwarden/__init__.py)
+IMAGE_REPOSITORY ?= claimwarden
+IMAGE ?= $(IMAGE_REPOSITORY):$(SOURCE_VERSION)
+HELM ?= $(HOME)/.cache/claimwarden/bin/helm-v3.22.0/helm
+DIST ?= dist/v$(VERSION)
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
-	install uninstall deploy undeploy image podman lock bench bench-smoke bench-signals chaos soak bench-explain \
+	install uninstall deploy undeploy image podman lock release chart-package syft deploy-overlay image-arm64 bench bench-smoke bench-signals chaos soak bench-explain \
 	helm chart-docs test-chart
 
 help: ## list the targets
@@ -72,7 +77,7 @@ demo: venv bins ## build what is missing, start the lab and claimwarden, play th
 run: venv ## run claimwarden against the current kubeconfig
 	$(BIN)/claimwarden run
 
-test: venv bins-matrix helm prometheus alertmanager podman faketime ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
+test: venv bins-matrix helm prometheus alertmanager podman faketime syft ## all tests on 1.34.4 (and 1.35-1.37 where a test is about them), then the core on 1.37.2 (builds what is missing)
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" tests
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) -m "not matrix_only" $(CORE_TESTS)
 
@@ -82,10 +87,10 @@ test-unit: venv ## run the unit tests only
 test-chart: venv bins helm ## the chart's checks without a lab: helm lint, values, drift against manifests/ (seconds)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/chart
 
-test-integration: venv bins helm prometheus alertmanager podman ## run the integration tests only (starts a lab)
+test-integration: venv bins helm prometheus alertmanager podman syft ## run the integration tests only (starts a lab)
 	$(BIN)/pytest $(PYTEST_ARGS) tests/integration
 
-test-matrix: venv bins-matrix helm prometheus alertmanager podman ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
+test-matrix: venv bins-matrix helm prometheus alertmanager podman syft ## the full suite on 1.37.2, the core on 1.35.4 and 1.36.3 (make test: everything on 1.34.4)
 	CLAIMWARDEN_KUBERNETES=1.37 $(BIN)/pytest $(PYTEST_ARGS) tests/integration tests/chaos
 	for v in 1.35 1.36; do CLAIMWARDEN_KUBERNETES=$$v $(BIN)/pytest $(PYTEST_ARGS) $(CORE_TESTS) || exit 1; done
 
@@ -110,16 +115,23 @@ bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU 
 	$(BIN)/python bench/explain_speed.py --nodes $(or $(NODES),500) --devices $(or $(DEVICES),8)
 
 lint: venv ## ruff and mypy
-	$(BIN)/ruff check operator lab tests bench
+	$(BIN)/ruff check operator lab tests bench release
 	$(BIN)/mypy
 
 chart-docs: venv ## write the values reference of charts/claimwarden/README.md from the comments of its values.yaml
 	$(BIN)/python -m claimwarden_lab.chartdocs
 
-manifests: ## render manifests/base and manifests/monitoring into dist/
-	@mkdir -p dist
-	$(KUBECTL) kustomize manifests/base > dist/claimwarden.yaml
-	$(KUBECTL) kustomize manifests/monitoring > dist/claimwarden-monitoring.yaml
+# manifests/base names the image `claimwarden` without a tag; a clone's manifests and deploy pin it to IMAGE
+# (the source version) through this overlay, a release pins it by digest (release/build.py).
+deploy-overlay:
+	@for base in base monitoring; do mkdir -p dist/deploy-$$base && printf '%s\n' \
+		'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' "resources: [../../manifests/$$base]" \
+		'images: [{name: claimwarden, newName: "$(IMAGE_REPOSITORY)", newTag: "$(SOURCE_VERSION)"}]' \
+		> dist/deploy-$$base/kustomization.yaml; done
+
+manifests: deploy-overlay ## render manifests/base (image IMAGE_REPOSITORY:<source version>) and manifests/monitoring into dist/
+	$(KUBECTL) kustomize dist/deploy-base > dist/claimwarden.yaml
+	$(KUBECTL) kustomize dist/deploy-monitoring > dist/claimwarden-monitoring.yaml
 	@echo "wrote dist/claimwarden.yaml and dist/claimwarden-monitoring.yaml"
 
 install: ## install the CRDs into the current cluster
@@ -128,8 +140,8 @@ install: ## install the CRDs into the current cluster
 uninstall: ## remove the CRDs (and with them every UnhealthyDevice record)
 	$(KUBECTL) delete -k crds/
 
-deploy: ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service) into the current cluster
-	$(KUBECTL) apply -k manifests/base
+deploy: deploy-overlay ## install claimwarden (CRDs, namespace, RBAC, Deployment, Service; image IMAGE_REPOSITORY:<source version>) into the current cluster
+	$(KUBECTL) apply -k dist/deploy-base
 
 undeploy: ## remove what deploy installed
 	$(KUBECTL) delete -k manifests/base
@@ -137,8 +149,25 @@ undeploy: ## remove what deploy installed
 image: ## build the image and write dist/claimwarden-<version>.oci.tar (docker if it runs, else podman from Debian with a local mmdebstrap base; BASE=python:3.11-slim with a registry)
 	IMAGE=$(IMAGE) image/build.sh
 
+image-arm64: ## the arm64 image through qemu user emulation (podman; installs qemu-user-static and arch-test from Debian): dist/claimwarden-<version>-linux-arm64.oci.tar; slow, not in make test
+	ARCH=arm64 image/build.sh
+
 podman: ## install podman, runc, mmdebstrap and containerd from Debian (make image, the image and real-node tests)
 	image/install-podman.sh
+
+release: venv ## every artifact of release VERSION=x.y.z into dist/vx.y.z (image archive, bundles pinned by digest, chart, SBOM, SHA256SUMS); IMAGE_REPOSITORY=registry.example/claimwarden, ALLOW_DIRTY=1
+	@[[ -n "$(VERSION)" ]] || { echo "make release VERSION=x.y.z (semver; the source says $(SOURCE_VERSION))" >&2; exit 2; }
+	$(BIN)/python -m release.build --version "$(VERSION)" --dist "$(DIST)" --repository "$(IMAGE_REPOSITORY)" \
+		--kubectl "$(KUBECTL)" $(if $(ALLOW_DIRTY),--allow-dirty)
+
+chart-package: ## the release's hook: helm package charts/claimwarden into DIST at VERSION (chart and app version), if the chart exists
+	@if [[ -d charts/claimwarden ]]; then \
+		{ [[ -x "$(HELM)" ]] || bins/build-helm.sh; } && mkdir -p "$(DIST)" && \
+		$(HELM) package charts/claimwarden --version "$(VERSION)" --app-version "$(VERSION)" --destination "$(DIST)"; \
+	else echo "chart-package: no charts/claimwarden; nothing to package"; fi
+
+syft: ## build syft (the release's SBOM generator) from the Go module proxy into ~/.cache/claimwarden/bin
+	bins/build-syft.sh
 
 lock: ## regenerate requirements.lock (pinned runtime dependencies with hashes) from pyproject.toml
 	image/lock.sh

@@ -3,7 +3,10 @@
 #
 #   image/build.sh                      docker if it runs, else podman (installed from Debian if missing)
 #   ENGINE=podman BASE=python:3.11-slim image/build.sh     podman with a registry
-#   IMAGE=registry.example/claimwarden:0.1.0 image/build.sh
+#   IMAGE=registry.example/claimwarden:1.2.0 image/build.sh
+#   REVISION=<commit> image/build.sh                       the image's org.opencontainers.image.revision label
+#   ARCH=arm64 image/build.sh            another architecture through qemu user emulation (podman only):
+#                                        claimwarden:<version>-arm64, dist/claimwarden-<version>-linux-arm64.oci.tar
 #
 # Without a registry (this project's CI machine) podman builds FROM a local Debian bookworm base made
 # by mmdebstrap (image/base.sh, cached in podman's storage), with --pull=never. pip inside the build
@@ -13,10 +16,27 @@ cd "$(dirname "$0")/.."
 say() { echo "image: $*"; }
 die() { echo "image: $*" >&2; exit 1; }
 
-VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
-IMAGE="${IMAGE:-claimwarden:$VERSION}"
-ARCHIVE="${ARCHIVE:-dist/claimwarden-$VERSION.oci.tar}"
-LOCAL_BASE=localhost/claimwarden-base:bookworm
+# The one version source (release/build.py stamps it in the copy it builds from).
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' operator/claimwarden/__init__.py)"
+[[ -n "$VERSION" ]] || die "no __version__ in operator/claimwarden/__init__.py"
+REVISION="${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+labels=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION")
+HOST_ARCH="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
+ARCH="${ARCH:-$HOST_ARCH}"
+if [[ "$ARCH" == "$HOST_ARCH" ]]; then
+  IMAGE="${IMAGE:-claimwarden:$VERSION}"
+  ARCHIVE="${ARCHIVE:-dist/claimwarden-$VERSION.oci.tar}"
+  LOCAL_BASE=localhost/claimwarden-base:bookworm
+  platform=()
+else
+  IMAGE="${IMAGE:-claimwarden:$VERSION-$ARCH}"
+  ARCHIVE="${ARCHIVE:-dist/claimwarden-$VERSION-linux-$ARCH.oci.tar}"
+  LOCAL_BASE="localhost/claimwarden-base:bookworm-$ARCH"
+  platform=(--platform "linux/$ARCH")
+  [[ "${ENGINE:-podman}" == podman ]] || die "ARCH=$ARCH: podman only"
+  ENGINE=podman
+  image/install-emulation.sh "$ARCH"
+fi
 
 if [[ -z "${ENGINE:-}" ]]; then
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then ENGINE=docker
@@ -27,7 +47,7 @@ case "$ENGINE" in
   docker)
     BASE="${BASE:-python:3.11-slim}"
     say "docker build (BASE=$BASE) -t $IMAGE"
-    docker build --build-arg "BASE=$BASE" -t "$IMAGE" .
+    docker build --build-arg "BASE=$BASE" "${labels[@]}" -t "$IMAGE" .
     mkdir -p "$(dirname "$ARCHIVE")"
     docker save -o "$ARCHIVE" "$IMAGE"  # Docker 25+ writes an OCI image layout
     ;;
@@ -37,7 +57,7 @@ case "$ENGINE" in
     pull=missing
     if [[ -z "${BASE:-}" ]]; then
       BASE="$LOCAL_BASE"
-      image/base.sh "$BASE"
+      ARCH="$ARCH" image/base.sh "$BASE"
       pull=never
     fi
     mounts=()
@@ -46,7 +66,7 @@ case "$ENGINE" in
     done
     previous="$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
     say "podman build --pull=$pull (BASE=$BASE) -t $IMAGE"
-    podman build --pull="$pull" --network=host --build-arg "BASE=$BASE" "${mounts[@]}" -t "$IMAGE" .
+    podman build "${platform[@]}" --pull="$pull" --network=host --build-arg "BASE=$BASE" "${labels[@]}" "${mounts[@]}" -t "$IMAGE" .
     # The image it replaces would stay behind, untagged (about 170 MB of its own each build).
     if [[ -n "$previous" && "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]]; then
       podman rmi "$previous" >/dev/null 2>&1 || true

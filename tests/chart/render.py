@@ -6,15 +6,16 @@ the command that builds it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+import claimwarden
 from claimwarden_lab.binaries import bin_dir, helm_binary
 from claimwarden_lab.processes import LabError
 
@@ -27,7 +28,7 @@ Key = tuple[str, str]
 
 def project_version() -> str:
     """The version the chart's version and appVersion follow: the project's one version source."""
-    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+    return claimwarden.__version__
 
 
 def helm() -> Path:
@@ -67,7 +68,14 @@ def kustomize_objects(*directories: str) -> dict[Key, dict[str, Any]]:
         pytest.fail(f"no kubectl in {kubectl.parent}: run 'make bins'", pytrace=False)
     found: dict[Key, dict[str, Any]] = {}
     for directory in directories:
-        found.update(by_key(run(kubectl, "kustomize", ROOT / "manifests" / directory).stdout))
+        # manifests/ names the image without a tag; `make manifests` pins it to the source version through an
+        # overlay, and so does this.
+        with tempfile.TemporaryDirectory(dir=ROOT / "dist" if (ROOT / "dist").is_dir() else None) as overlay:
+            base = os.path.relpath(ROOT / "manifests" / directory, overlay)
+            (Path(overlay) / "kustomization.yaml").write_text(yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": [base],
+                "images": [{"name": "claimwarden", "newTag": project_version()}]}))
+            found.update(by_key(run(kubectl, "kustomize", overlay).stdout))
     return found
 
 

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from claimwarden import __version__
 from claimwarden_lab.cluster import LabState
 
 from .auditor import LabAudit
@@ -88,7 +89,7 @@ def test_a_leader_killed_right_after_evicting_leaves_the_new_leader_no_more_than
                       for agent in {str(e.get("userAgent")) for e in evicted}}
         print(f"evictions by replica: {by_replica}; limit {LIMIT}")
         assert len(evicted) <= LIMIT, f"{len(evicted)} pods evicted across the failover, limit {LIMIT}: {by_replica}"
-        assert evicted and by_replica.get("claimwarden/0.1.0 (breaker-a)"), "the killed leader evicted first"
+        assert evicted and by_replica.get(f"claimwarden/{__version__} (breaker-a)"), "the killed leader evicted first"
         assert _breaker_open(standby), "the new leader counts the old leader's evictions and holds the rest"
         assert len(names) - len(_leaving(core, namespace, names)) >= MARKED - LIMIT
         # The records never count fewer evictions than were made (an entry is written before its eviction).

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from claimwarden import __version__
 from claimwarden_lab import cluster
 from claimwarden_lab.processes import free_port
 
@@ -32,7 +33,7 @@ from .operator import LOG_PATHS, Operator, fetch
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "image" / "containers.conf")}
-VERSION = "0.1.0"
+VERSION = __version__
 IMAGE = f"localhost/claimwarden:{VERSION}"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 

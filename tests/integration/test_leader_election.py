@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from claimwarden import __version__
 from claimwarden_lab.cluster import LabState
 
 from .auditor import WRITE_VERBS, LabAudit
@@ -78,7 +79,7 @@ def test_only_the_leader_runs_the_controllers_and_the_standby_reports_zero(
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
     _generates_claims(api, namespace, "work")
     writers = _writers(audit.new_events())
-    assert set(writers) == {"claimwarden/0.1.0 (replica-a)"}, writers
+    assert set(writers) == {f"claimwarden/{__version__} (replica-a)"}, writers
 
 
 def test_a_killed_leader_is_replaced_within_a_lease_duration_plus_a_retry(
@@ -127,7 +128,7 @@ def test_a_frozen_leader_writes_nothing_after_the_takeover_and_exits_non_zero(
     code = leader.proc.wait(timeout=30)
     assert code != 0, "a leader that lost its lease exits non-zero, for the kubelet to restart it"
     writers = _writers(audit.new_events())
-    assert set(writers) <= {"claimwarden/0.1.0 (replica-b)"}, writers
+    assert set(writers) <= {f"claimwarden/{__version__} (replica-b)"}, writers
     assert len(resource.list_namespaced_resource_claim(namespace).items) == 1
 
 
@@ -147,7 +148,7 @@ def _time(stamp: str) -> datetime.datetime:
 
 def _writes_by(events: list[dict[str, Any]], identity: str) -> list[dict[str, Any]]:
     """The completed writes (any answer) a replica made to anything but the Lease, in order of arrival."""
-    agent = f"claimwarden/0.1.0 ({identity})"
+    agent = f"claimwarden/{__version__} ({identity})"
     found = [e for e in events if e.get("stage") == "ResponseComplete" and e.get("userAgent") == agent
              and e.get("verb") in WRITE_VERBS and (e.get("objectRef") or {}).get("resource") != "leases"]
     return sorted(found, key=lambda e: _time(e["requestReceivedTimestamp"]))

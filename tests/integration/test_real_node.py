@@ -50,6 +50,7 @@ def _overlay(directory: Path) -> Path:
     (directory / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(BASE, directory)],  # kustomize refuses an absolute base
+        "images": [{"name": "claimwarden", "newTag": VERSION}],  # the base names no tag (make deploy's overlay)
         "patches": [{"target": {"kind": "Deployment", "name": "claimwarden"}, "patch": json.dumps([
             {"op": "replace", "path": "/spec/replicas", "value": 1},
             {"op": "add", "path": "/spec/template/spec/nodeSelector",

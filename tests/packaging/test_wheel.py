@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from claimwarden import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,7 +30,7 @@ def test_wheel_installs_in_a_clean_virtualenv_and_runs(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv)
     _run(venv / "bin" / "pip", "install", "--quiet", wheel)
-    assert _run(venv / "bin" / "claimwarden", "--version").strip() == "claimwarden 0.1.0"
+    assert _run(venv / "bin" / "claimwarden", "--version").strip() == f"claimwarden {__version__}"
     help_text = _run(venv / "bin" / "claimwarden", "run", "--help")
     assert "--controllers" in help_text and "--metrics-port" in help_text
     # Only the operator goes into the wheel: no tests, and no lab (code or dependencies).

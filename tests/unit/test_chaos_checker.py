@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from claimwarden import __version__
 from claimwarden_lab.cluster import CLAIMWARDEN_USER
 from tests.chaos.checker import (
     OWN_NAMESPACE,
@@ -29,7 +30,8 @@ def _write(who: str, received: float, completed: float | None = None, *, verb: s
     if subresource:
         ref["subresource"] = subresource
     event: Event = {"stage": "ResponseComplete", "verb": verb, "user": {"username": CLAIMWARDEN_USER},
-                    "userAgent": f"claimwarden/0.1.0 ({who})", "objectRef": ref, "responseStatus": {"code": code},
+                    "userAgent": f"claimwarden/{__version__} ({who})", "objectRef": ref,
+                    "responseStatus": {"code": code},
                     "requestReceivedTimestamp": _at(received), "stageTimestamp": _at(
                         received if completed is None else completed)}
     if body is not None:
