@@ -198,3 +198,16 @@ def test_a_pod_with_an_extended_resource_claim_is_a_dra_consumer() -> None:
     plan = drain.plan(_node(True), [pod, _pod("web")], [claim])
     assert [(p.ref, p.claims) for p in plan.consumers] == [("ns/ext", ("ns/ext-extended-resources-x",))]
     assert [h.ref for h in plan.claims] == ["ns/ext-extended-resources-x"]
+
+
+def test_a_claim_reserved_for_a_podgroup_does_not_hold_the_drain_once_its_pods_left_the_node() -> None:
+    # The PodGroup's reservation stays while the group exists, whatever its pods do: waiting for it hangs step 3.
+    group = _claim("group-gpu")
+    group["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "pg",
+                                       "uid": "pg-1"}]
+    member = _pod("member", claims=["group-gpu"])
+    during = drain.plan(_node(True), [member, _pod("web")], [group])
+    assert during.step == 2 and [p.ref for p in during.evict_now()] == ["ns/member"]
+    after = drain.plan(_node(True), [_pod("web")], [group], seen_pods=during.pod_uids)
+    assert after.claims == () and after.step == 4
+

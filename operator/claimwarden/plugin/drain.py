@@ -18,7 +18,8 @@ learned to evict DRA pods first for the same reason (k8s-driver-manager#204).
 claim generated for such a pod is gone; a claim whose allocation is local to this node is reserved for
 nobody, and a standalone one seen held during this drain is deallocated. A standalone claim that pods on
 other nodes still share (a network-attached device) is released once this node's pods are out of its
-reservedFor: it stays allocated for them.
+reservedFor: it stays allocated for them. A reservation for a PodGroup (or anything but a pod) is not waited
+for: it stays while the group exists, whatever its pods on this node do.
 
 The plan is level-based: each call looks at the cluster as it is, so a second run, or a run after a
 crash, continues where the first one stopped. The only memory is the caller's: the UIDs of pods seen on
@@ -246,8 +247,9 @@ def _held(claim: Obj, *, node_name: str, node_pods: dict[str, Obj], ours: set[st
         return bool(pod_uid) and pod_uid not in kept and (pod_uid in ours or local)
 
     entries = reserved_for(claim)
+    # Only pod reservations: a PodGroup's (or any other consumer's) stays while that consumer exists, whatever its
+    # pods on this node do, so waiting for it would hang; the kubelet unprepares once the node's pods are gone.
     holders = [e for e in entries if is_pod_reservation(e) and is_ours(str(e.get("uid")))]
-    others = [e for e in entries if not is_pod_reservation(e)] if local else []
     reasons = []
     if holders:
         described = []
@@ -257,7 +259,6 @@ def _held(claim: Obj, *, node_name: str, node_pods: dict[str, Obj], ours: set[st
                 "terminating" if is_being_deleted(pod) else "on the node")
             described.append(f"{meta.get('namespace')}/{entry.get('name')} ({state})")
         reasons.append("reserved for pod(s) " + ", ".join(described))
-    reasons += [f"reserved for {e.get('resource')} {e.get('name')}" for e in others]
     owner = controlling_pod_uid(claim)
     generated_for_ours = owner is not None and is_ours(owner)
     if generated_for_ours and not reasons:
