@@ -3,7 +3,7 @@ what it leaves alone or refuses, and what --force-after deletes; plain dicts, no
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.plugin import drain
@@ -157,7 +157,7 @@ def test_terminating_pods_are_waited_for_not_evicted_again_and_named_with_their_
     assert plan.step == 2 and plan.evict_now() == ()
     [stuck] = drain.stuck(plan, {}, NOW)
     assert stuck.reason == "Terminating (grace period 20s, 30s past its grace period); finalizer(s) example.com/keep"
-    assert drain.force_deletions(plan, {}, NOW) == [(plan.consumers[0], 0)]
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(0)) == [(plan.consumers[0], 0)]
 
 
 def test_force_after_deletes_the_pods_a_budget_refuses_with_their_own_grace_period() -> None:
@@ -166,7 +166,9 @@ def test_force_after_deletes_the_pods_a_budget_refuses_with_their_own_grace_peri
     refusals = {"uid-guarded": "eviction refused by PodDisruptionBudget ns/keep-one: needs 1 healthy"}
     stuck = {s.object: s.reason for s in drain.stuck(plan, refusals, NOW)}
     assert stuck == {"pod/ns/guarded": refusals["uid-guarded"], "pod/ns/free": "not evicted yet"}
-    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, refusals, NOW)] == [("ns/guarded", None)]
+    since = {"uid-guarded": NOW - timedelta(seconds=30)}
+    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, since, NOW, after=timedelta(seconds=30))] == [
+        ("ns/guarded", None)]
 
 
 def test_pods_of_other_nodes_are_none_of_its_business() -> None:
@@ -211,3 +213,19 @@ def test_a_claim_reserved_for_a_podgroup_does_not_hold_the_drain_once_its_pods_l
     after = drain.plan(_node(True), [_pod("web")], [group], seen_pods=during.pod_uids)
     assert after.claims == () and after.step == 4
 
+
+def test_force_after_counts_from_each_pods_own_refusal_not_from_the_drains_start() -> None:
+    # Step 4 reached long after --force-after: a pod the budget refused a second ago is not deleted yet.
+    plan = drain.plan(_node(True), [_pod("guarded")], [])
+    since = {"uid-guarded": NOW - timedelta(seconds=1)}
+    assert drain.force_deletions(plan, since, NOW, after=timedelta(minutes=5)) == []
+    since = {"uid-guarded": NOW - timedelta(minutes=5)}
+    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, since, NOW, after=timedelta(minutes=5))] == [
+        ("ns/guarded", None)]
+
+
+def test_force_after_gives_a_terminating_pod_its_grace_period_plus_the_wait() -> None:
+    pod = _pod("slow", deleting="2026-12-02T20:59:30Z")  # its grace period ended 30 s before NOW
+    plan = drain.plan(_node(True), [pod], [])
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(minutes=1)) == []
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(seconds=30)) == [(plan.rest[0], 0)]

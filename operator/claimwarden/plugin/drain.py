@@ -34,9 +34,9 @@ goes with the pod).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from claimwarden.health.records import RECORD_LABEL
 from claimwarden.podclaims import (
@@ -340,17 +340,20 @@ def _terminating(pod: PodStep, now: datetime) -> str:
     return f"Terminating (grace period {pod.grace_seconds}s{late}){finalizers}"
 
 
-def force_deletions(current: Plan, refusals: dict[str, str], now: datetime) -> list[tuple[PodStep, int | None]]:
-    """--force-after: the stuck pods of the current step to delete instead of evicting, with the grace period
-    to delete them with: a pod a budget refused goes with its own (None); a pod Terminating past its grace
+def force_deletions(current: Plan, budget_refused_since: Mapping[str, datetime], now: datetime, *,
+                    after: timedelta) -> list[tuple[PodStep, int | None]]:
+    """--force-after: the stuck pods of the current step to delete instead of evicting, with the grace period to
+    delete them with. `after` counts for each pod on its own, never from the drain's start (a step reached late must
+    not delete a pod at its first refusal): a pod a PodDisruptionBudget has refused since `budget_refused_since[uid]`
+    for `after` goes with its own grace period (None); a pod still Terminating `after` past the end of its grace
     period is deleted with 0, which removes it from the API without the kubelet's confirmation."""
     pods = {2: current.consumers, 4: current.rest}.get(current.step, ())
     out: list[tuple[PodStep, int | None]] = []
     for pod in pods:
         if pod.terminating:
-            since = parse_rfc3339(pod.deleting_since)
-            if since is not None and now > since:
+            grace_ended = parse_rfc3339(pod.deleting_since)
+            if grace_ended is not None and now - grace_ended >= after:
                 out.append((pod, 0))
-        elif pod.uid in refusals:
+        elif pod.uid in budget_refused_since and now - budget_refused_since[pod.uid] >= after:
             out.append((pod, None))
     return out

@@ -3,10 +3,11 @@ until the node is drained or --timeout passes.
 
 Each round reads the node, its pods (a field selector on spec.nodeName) and every ResourceClaim, asks
 drain.plan what to do now, and does it: cordon (a merge patch of spec.unschedulable), evictions through
-the Eviction API (policy/v1, pinned to the pod's UID), and, past --force-after, deletions of the pods a
-PodDisruptionBudget still refuses or that stay Terminating past their grace period. A refusal (HTTP 429)
-is retried with back-off, 1 s doubling to 30 s, like claimwarden's own evictions (health/evictions.py), and
-reported with the budget that refused. PodDisruptionBudgets are read only when one refuses.
+the Eviction API (policy/v1, pinned to the pod's UID), and, with --force-after, deletions of the pods a
+PodDisruptionBudget has refused for that long or that stay Terminating that long past their grace period
+(counted per pod, drain.force_deletions). A refusal is retried with back-off, 1 s doubling to 30 s, like
+claimwarden's own evictions (health/evictions.py), and reported: a budget's (HTTP 429 with a DisruptionBudget
+cause) with the budget, read only then; any other (API throttling, 403, 500) as it is, and never forced.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from . import drain
-from .read import Cluster, NotFound
+from .read import Cluster, ClusterError, NotFound
 
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 POLL_SECONDS = 1.0
@@ -41,6 +42,8 @@ class Memory:
     claims: set[str] = field(default_factory=set)
     refusals: dict[str, str] = field(default_factory=dict)
     """pod UID -> the last refusal of its eviction, in words"""
+    budget_refused_since: dict[str, datetime] = field(default_factory=dict)
+    """pod UID -> when a PodDisruptionBudget first refused its eviction (what --force-after counts from)"""
     attempts: dict[str, int] = field(default_factory=dict)
     next_try: dict[str, float] = field(default_factory=dict)
     evicted: int = 0
@@ -119,8 +122,8 @@ def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], f
         for pod in plan.evict_now():
             if memory.next_try.get(pod.uid, 0.0) <= clock():
                 _evict(cluster, pod, memory, say, clock)
-        if settings.force_after is not None and elapsed >= settings.force_after.total_seconds():
-            _force(cluster, plan, memory, say)
+        if settings.force_after is not None:
+            _force(cluster, plan, memory, say, settings.force_after)
         if settings.timeout is not None and elapsed >= settings.timeout.total_seconds():
             say(f"drain of {plan.node} timed out after {elapsed:.0f}s at step {plan.step} "
                 f"({drain.STEPS[plan.step]}); stuck:")
@@ -161,6 +164,7 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
     if 200 <= status <= 299:
         memory.evicted += 1
         memory.refusals.pop(pod.uid, None)
+        memory.budget_refused_since.pop(pod.uid, None)
         say(f"evicted pod {pod.ref}")
         return
     if status in (404, 409):
@@ -169,28 +173,43 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
     memory.attempts[pod.uid] = attempts
     delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
     memory.next_try[pod.uid] = clock() + delay
+    by_budget = status == 429 and _budget_causes(answer) is not None
+    if by_budget:
+        memory.budget_refused_since.setdefault(pod.uid, datetime.now(UTC))
     reason = _refusal_reason(cluster, pod, status, answer)
     if memory.refusals.get(pod.uid) != reason:
         say(f"pod {pod.ref}: {reason}; retrying with back-off")
     memory.refusals[pod.uid] = reason
 
 
+def _budget_causes(answer: Any) -> list[str] | None:
+    """The messages of a 429's DisruptionBudget causes (upstream's policyv1.DisruptionBudgetCause), or None when the
+    429 is not a budget's (API Priority and Fairness throttling answers 429 too)."""
+    if not isinstance(answer, dict):
+        return None
+    causes = [c for c in (answer.get("details") or {}).get("causes") or [] if c.get("type") == "DisruptionBudget"]
+    return [str(c.get("message") or "") for c in causes] if causes else None
+
+
 def _refusal_reason(cluster: Cluster, pod: drain.PodStep, status: int, answer: Any) -> str:
-    message = str((answer or {}).get("message") or f"HTTP {status}") if isinstance(answer, dict) else f"HTTP {status}"
-    causes = [str(c.get("message")) for c in ((answer or {}).get("details") or {}).get("causes") or []
-              if c.get("message")] if isinstance(answer, dict) else []
-    if status != 429:
-        return f"eviction failed: {message}"
-    # The apiserver names the budget in a cause ("The disruption budget X needs ..."), not always: name them here.
-    pdbs = cluster.list(f"/apis/policy/v1/namespaces/{quote(pod.namespace)}/poddisruptionbudgets") or []
-    body = cluster.get(f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}") or {}
+    message = str(answer.get("message") or f"HTTP {status}") if isinstance(answer, dict) else f"HTTP {status}"
+    causes = _budget_causes(answer) if status == 429 else None
+    if causes is None:
+        return f"eviction {'throttled by the API server' if status == 429 else 'failed'}: {message}"
+    # The cause names the budget ("The disruption budget X needs ..."), not its namespace: name them here. A
+    # refusal to read budgets (RBAC) must not stop the drain, only the naming.
+    try:
+        pdbs = cluster.list(f"/apis/policy/v1/namespaces/{quote(pod.namespace)}/poddisruptionbudgets") or []
+        body = cluster.get(f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}") or {}
+    except ClusterError:
+        pdbs, body = [], {}
     names = drain.budgets_of(body, pdbs) if body else []
     budget = f"PodDisruptionBudget {', '.join(names)}" if names else "a PodDisruptionBudget"
-    return f"eviction refused by {budget}: " + "; ".join(causes or [message])
+    return f"eviction refused by {budget}: " + "; ".join([c for c in causes if c] or [message])
 
 
-def _force(cluster: Cluster, plan: drain.Plan, memory: Memory, say: Say) -> None:
-    for pod, grace in drain.force_deletions(plan, memory.refusals, datetime.now(UTC)):
+def _force(cluster: Cluster, plan: drain.Plan, memory: Memory, say: Say, after: timedelta) -> None:
+    for pod, grace in drain.force_deletions(plan, memory.budget_refused_since, datetime.now(UTC), after=after):
         key = f"{pod.uid}/{grace}"
         if key in memory.forced:
             continue
