@@ -108,8 +108,8 @@ def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], f
         if plan.cordon:
             cluster.request("PATCH", f"/api/v1/nodes/{quote(plan.node)}", {"spec": {"unschedulable": True}},
                             content_type="application/merge-patch+json")
-            say(f"node/{plan.node} cordoned")
-            continue
+            say(f"node/{plan.node} cordoned" if step == 0 else f"node/{plan.node} uncordoned meanwhile: cordoned again")
+            # On with the round: something that keeps uncordoning the node must not make a busy loop past --timeout.
         if plan.step != step:
             step = plan.step
             _announce(plan, say)
