@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from . import drain
-from .read import Cluster, ClusterError, NotFound
+from .read import Cluster, ClusterError
 
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 POLL_SECONDS = 1.0
@@ -216,11 +216,13 @@ def _force(cluster: Cluster, plan: drain.Plan, memory: Memory, say: Say, after: 
         memory.forced.add(key)
         query = "" if grace is None else f"?gracePeriodSeconds={grace}"
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}}
-        try:
-            cluster.request("DELETE", f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}{query}",
-                            body)
-        except NotFound:
-            continue
+        status, answer = cluster.call(
+            "DELETE", f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}{query}", body)
+        if status in (404, 409):
+            continue  # gone, or a new pod of the same name (a StatefulSet's) that the UID precondition spares
+        if not 200 <= status <= 299:
+            message = answer.get("message") if isinstance(answer, dict) else None
+            raise ClusterError(f"--force-after: DELETE pod {pod.ref}: {status} {message or 'refused'}")
         what = ("deleted past its PodDisruptionBudget" if grace is None
                 else "deleted with grace period 0 (removed from the API; its containers may still run)")
         say(f"--force-after: pod {pod.ref} {what}")
