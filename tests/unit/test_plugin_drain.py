@@ -229,3 +229,15 @@ def test_force_after_gives_a_terminating_pod_its_grace_period_plus_the_wait() ->
     plan = drain.plan(_node(True), [pod], [])
     assert drain.force_deletions(plan, {}, NOW, after=timedelta(minutes=1)) == []
     assert drain.force_deletions(plan, {}, NOW, after=timedelta(seconds=30)) == [(plan.rest[0], 0)]
+
+
+def test_only_a_disruption_budget_cause_makes_a_429_a_budgets_refusal() -> None:
+    cause = "The disruption budget never needs 1 healthy pods and has 1 currently"
+    budget = {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+              "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+              "details": {"causes": [{"reason": "DisruptionBudget", "message": cause}]}}
+    assert drain.budget_refusal_causes(budget) == [cause]
+    throttled = {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                 "message": "Too many requests, please try again later.", "details": {"retryAfterSeconds": 1}}
+    assert drain.budget_refusal_causes(throttled) is None
+    assert drain.budget_refusal_causes("not json") is None

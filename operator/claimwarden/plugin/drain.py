@@ -308,6 +308,16 @@ def budgets_of(pod: Obj, pdbs: Iterable[Obj]) -> list[str]:
                   and selector_matches((b.get("spec") or {}).get("selector"), labels))
 
 
+def budget_refusal_causes(answer: object) -> list[str] | None:
+    """The messages of an eviction answer's DisruptionBudget causes (upstream's policyv1.DisruptionBudgetCause), or
+    None when the refusal is not a budget's: API Priority and Fairness throttling answers 429 too."""
+    if not isinstance(answer, dict):
+        return None
+    # metav1.StatusCause's Type is "reason" in JSON.
+    causes = [c for c in (answer.get("details") or {}).get("causes") or [] if c.get("reason") == "DisruptionBudget"]
+    return [str(c.get("message") or "") for c in causes] if causes else None
+
+
 # --- what holds the drain up ------------------------------------------------------------------
 
 @dataclass(frozen=True)

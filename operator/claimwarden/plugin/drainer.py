@@ -173,7 +173,7 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
     memory.attempts[pod.uid] = attempts
     delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
     memory.next_try[pod.uid] = clock() + delay
-    by_budget = status == 429 and _budget_causes(answer) is not None
+    by_budget = status == 429 and drain.budget_refusal_causes(answer) is not None
     if by_budget:
         memory.budget_refused_since.setdefault(pod.uid, datetime.now(UTC))
     reason = _refusal_reason(cluster, pod, status, answer)
@@ -182,18 +182,9 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
     memory.refusals[pod.uid] = reason
 
 
-def _budget_causes(answer: Any) -> list[str] | None:
-    """The messages of a 429's DisruptionBudget causes (upstream's policyv1.DisruptionBudgetCause), or None when the
-    429 is not a budget's (API Priority and Fairness throttling answers 429 too)."""
-    if not isinstance(answer, dict):
-        return None
-    causes = [c for c in (answer.get("details") or {}).get("causes") or [] if c.get("type") == "DisruptionBudget"]
-    return [str(c.get("message") or "") for c in causes] if causes else None
-
-
 def _refusal_reason(cluster: Cluster, pod: drain.PodStep, status: int, answer: Any) -> str:
     message = str(answer.get("message") or f"HTTP {status}") if isinstance(answer, dict) else f"HTTP {status}"
-    causes = _budget_causes(answer) if status == 429 else None
+    causes = drain.budget_refusal_causes(answer) if status == 429 else None
     if causes is None:
         return f"eviction {'throttled by the API server' if status == 429 else 'failed'}: {message}"
     # The cause names the budget ("The disruption budget X needs ..."), not its namespace: name them here. A
