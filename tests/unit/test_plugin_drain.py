@@ -241,3 +241,13 @@ def test_only_a_disruption_budget_cause_makes_a_429_a_budgets_refusal() -> None:
                  "message": "Too many requests, please try again later.", "details": {"retryAfterSeconds": 1}}
     assert drain.budget_refusal_causes(throttled) is None
     assert drain.budget_refusal_causes("not json") is None
+
+
+def test_a_forbidden_eviction_stops_the_drain_unless_the_namespace_is_being_deleted() -> None:
+    rbac = {"code": 403, "reason": "Forbidden", "message": 'pods "p" is forbidden: User "u" cannot create resource '
+            '"pods/eviction"', "details": {"name": "p", "kind": "pods"}}
+    assert drain.eviction_forbidden(403, rbac)
+    terminating = {"code": 403, "reason": "Forbidden", "details": {"causes": [
+        {"reason": "NamespaceTerminating", "message": "namespace ns is being terminated"}]}}
+    assert not drain.eviction_forbidden(403, terminating)
+    assert not drain.eviction_forbidden(429, {}) and not drain.eviction_forbidden(500, {})

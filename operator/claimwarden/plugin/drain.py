@@ -318,6 +318,16 @@ def budget_refusal_causes(answer: object) -> list[str] | None:
     return [str(c.get("message") or "") for c in causes] if causes else None
 
 
+def eviction_forbidden(status: int, answer: object) -> bool:
+    """True when an eviction's refusal will not change by retrying: 401/403 (RBAC on pods/eviction, an admission
+    webhook), as kubectl drain gives up on them. Not a 403 for a namespace being deleted (cause NamespaceTerminating):
+    the namespace's controller deletes the pod soon."""
+    if status not in (401, 403):
+        return False
+    causes = ((answer.get("details") or {}).get("causes") or []) if isinstance(answer, dict) else []
+    return not any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 # --- what holds the drain up ------------------------------------------------------------------
 
 @dataclass(frozen=True)

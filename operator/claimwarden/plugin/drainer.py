@@ -169,6 +169,10 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
         return
     if status in (404, 409):
         return  # gone, or replaced by a pod of the same name: the next round sees which
+    if drain.eviction_forbidden(status, answer):
+        message = answer.get("message") if isinstance(answer, dict) else None
+        raise ClusterError(f"eviction of pod {pod.ref} refused: {status} {message or 'forbidden'}; may you create "
+                           "pods/eviction in its namespace, or which admission webhook denies it?")
     attempts = memory.attempts.get(pod.uid, 0) + 1
     memory.attempts[pod.uid] = attempts
     delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
