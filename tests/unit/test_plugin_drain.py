@@ -251,3 +251,10 @@ def test_a_forbidden_eviction_stops_the_drain_unless_the_namespace_is_being_dele
         {"reason": "NamespaceTerminating", "message": "namespace ns is being terminated"}]}}
     assert not drain.eviction_forbidden(403, terminating)
     assert not drain.eviction_forbidden(429, {}) and not drain.eviction_forbidden(500, {})
+
+
+def test_later_rounds_read_the_claims_of_the_drained_pods_and_held_claims_namespaces_only() -> None:
+    other = _claim("far", "gone")
+    other["metadata"]["namespace"] = "batch"  # local to the node, reserved for a pod no round saw
+    plan = drain.plan(_node(True), [_pod("web")], [other])
+    assert drain.claim_namespaces(plan) == {"ns", "batch"}

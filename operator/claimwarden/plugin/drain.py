@@ -181,6 +181,13 @@ def plan(node: Obj, pods: Iterable[Obj], claims: Iterable[Obj], *, options: Opti
                 refused=tuple(refused), pod_uids=frozenset(drained))
 
 
+def claim_namespaces(current: Plan) -> set[str]:
+    """The namespaces whose claims later rounds must read: those of the pods the drain removes (a gone pod's claims
+    stay in its namespace) and of the claims it waits for. A claim tied to the node only by its allocation, for a pod
+    no round saw, is found by the cluster-wide read that drainer.py makes now and then."""
+    return {p.namespace for p in (*current.consumers, *current.rest)} | {h.ref.split("/", 1)[0] for h in current.claims}
+
+
 def _left_alone(pod: Obj) -> str | None:
     meta = pod.get("metadata") or {}
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):

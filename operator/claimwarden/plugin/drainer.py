@@ -1,7 +1,7 @@
 """`kubectl claimwarden drain NODE`: the loop that reads the node, plans (drain.py) and acts, once a second,
 until the node is drained or --timeout passes.
 
-Each round reads the node, its pods (a field selector on spec.nodeName) and every ResourceClaim, asks
+Each round reads the node, its pods (a field selector on spec.nodeName) and the ResourceClaims (read_plan), asks
 drain.plan what to do now, and does it: cordon (a merge patch of spec.unschedulable), evictions through
 the Eviction API (policy/v1, pinned to the pod's UID), and, with --force-after, deletions of the pods a
 PodDisruptionBudget has refused for that long or that stay Terminating that long past their grace period
@@ -24,6 +24,8 @@ from .read import Cluster, ClusterError
 
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 POLL_SECONDS = 1.0
+FULL_LIST_EVERY = 30
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
 EXIT_DRAINED, EXIT_NOT_DRAINED = 0, 1
 
@@ -48,6 +50,9 @@ class Memory:
     next_try: dict[str, float] = field(default_factory=dict)
     evicted: int = 0
     forced: set[str] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)
+    """namespaces of the pods and held claims seen so far: where a round reads claims (drain.claim_namespaces)"""
+    rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,21 @@ def read_plan(cluster: Cluster, settings: Settings, memory: Memory) -> drain.Pla
     if node is None:
         raise NodeNotFound(settings.node)
     pods = cluster.list(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{quote(settings.node)}") or []
-    claims = cluster.list("/apis/resource.k8s.io/v1/resourceclaims") or []
-    return drain.plan(node, pods, claims, options=settings.options, seen_pods=frozenset(memory.pods),
-                      seen_claims=frozenset(memory.claims), claimwarden_namespace=settings.claimwarden_namespace)
+    # Every claim of the cluster only every FULL_LIST_EVERY rounds (the first included: claims tied to the node by
+    # their allocation alone, for pods a crashed run saw); in between, only the namespaces that matter, so that a
+    # cluster of 100,000 claims is not read in full once a second.
+    full = memory.rounds % FULL_LIST_EVERY == 0
+    memory.rounds += 1
+    namespaces = sorted(memory.namespaces | {str((p.get("metadata") or {}).get("namespace") or "") for p in pods})
+    if full:
+        claims = cluster.list(CLAIMS_PATH) or []
+    else:
+        claims = [c for ns in namespaces if ns
+                  for c in cluster.list(f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims") or []]
+    current = drain.plan(node, pods, claims, options=settings.options, seen_pods=frozenset(memory.pods),
+                         seen_claims=frozenset(memory.claims), claimwarden_namespace=settings.claimwarden_namespace)
+    memory.namespaces |= drain.claim_namespaces(current)
+    return current
 
 
 def dry_run(cluster: Cluster, settings: Settings, say: Say) -> int:
