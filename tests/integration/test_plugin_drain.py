@@ -108,15 +108,31 @@ def _state(api: client.ApiClient, namespace: str) -> dict[str, str]:
 
 
 def _listed(out: str, header: str) -> set[str]:
-    """The pod names listed under the dry run's line starting with `header`."""
+    """The objects ("namespace/name") listed under the dry run's line starting with `header`."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     names = set()
     for line in lines[start + 1:]:
         if not line.startswith("  "):
             break
-        names.add(line.split()[1].split("/")[1])
+        names.add(line.split()[1].rstrip(":"))
     return names
+
+
+def _foreign_pods(api: client.ApiClient, namespace: str) -> list[str]:
+    """Pods of other namespaces on the node that a drain would evict: an earlier test's, its namespace still
+    being deleted (the drain takes every pod of the node, so these would change its plan and its timing)."""
+    pods = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE}").items
+    return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if p.metadata.namespace != namespace
+            and not any(r.controller and r.kind == "DaemonSet" for r in p.metadata.owner_references or [])
+            and "kubernetes.io/config.mirror" not in (p.metadata.annotations or {})]
+
+
+def _no_foreign_pods(api: client.ApiClient, namespace: str) -> None:
+    try:
+        wait_for(f"no pod of an earlier test on {NODE}", lambda: not _foreign_pods(api, namespace), 60)
+    except AssertionError:
+        raise AssertionError(f"pods of earlier tests stay on {NODE}: {_foreign_pods(api, namespace)}") from None
 
 
 def _evictions(events: list[dict[str, Any]], namespace: str) -> list[tuple[str, str]]:
@@ -133,6 +149,7 @@ def test_drain_evicts_dra_consumers_first_waits_for_their_claims_then_the_rest(
         tmp_path: Path) -> None:
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     consumers, others = _fill_node(api, namespace)
+    _no_foreign_pods(api, namespace)
     audit = LabAudit(lab)
 
     # Without --force the pods without a controller are refused, and nothing is written.
@@ -145,10 +162,10 @@ def test_drain_evicts_dra_consumers_first_waits_for_their_claims_then_the_rest(
     dry = drain(lab, "--force", "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "step 1: would cordon node kwok-node-0" in dry.stdout
-    assert _listed(dry.stdout, "step 2:") == consumers
-    assert _listed(dry.stdout, "step 4:") == others
-    claims_line = next(line for line in dry.stdout.splitlines() if line.startswith("step 3:"))
-    assert claims_line == f"step 3: would wait until {SHARED + SOLO} claim(s) are released"
+    assert _listed(dry.stdout, "step 2:") == {f"{namespace}/{name}" for name in consumers}
+    assert _listed(dry.stdout, "step 4:") == {f"{namespace}/{name}" for name in others}
+    claims = {f"{namespace}/{c.metadata.name}" for c in resource.list_namespaced_resource_claim(namespace).items}
+    assert _listed(dry.stdout, "step 3:") == claims and len(claims) == SHARED + SOLO
     assert f"left alone: pod {namespace}/node-agent-" in dry.stdout and "DaemonSet-managed" in dry.stdout
     assert _state(api, namespace) == before
     print(f"$ kubectl claimwarden drain {NODE} --force --dry-run\n{dry.stdout}")
@@ -217,6 +234,7 @@ def test_what_holds_the_drain_is_named_at_the_timeout_and_a_rerun_continues(
     for name in ("guarded", "holder"):
         core.create_namespaced_pod(namespace, _pod(name, uses, app=name))
     core.create_namespaced_pod(namespace, _pod("web", [], app="web"))
+    _no_foreign_pods(api, namespace)
     policy = client.PolicyV1Api(api)
     policy.create_namespaced_pod_disruption_budget(namespace, body={
         "metadata": {"name": "never"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})

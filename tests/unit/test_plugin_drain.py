@@ -3,7 +3,7 @@ what it leaves alone or refuses, and what --force-after deletes; plain dicts, no
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from claimwarden.plugin import drain
@@ -157,7 +157,7 @@ def test_terminating_pods_are_waited_for_not_evicted_again_and_named_with_their_
     assert plan.step == 2 and plan.evict_now() == ()
     [stuck] = drain.stuck(plan, {}, NOW)
     assert stuck.reason == "Terminating (grace period 20s, 30s past its grace period); finalizer(s) example.com/keep"
-    assert drain.force_deletions(plan, {}, NOW) == [(plan.consumers[0], 0)]
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(0)) == [(plan.consumers[0], 0)]
 
 
 def test_force_after_deletes_the_pods_a_budget_refuses_with_their_own_grace_period() -> None:
@@ -166,7 +166,9 @@ def test_force_after_deletes_the_pods_a_budget_refuses_with_their_own_grace_peri
     refusals = {"uid-guarded": "eviction refused by PodDisruptionBudget ns/keep-one: needs 1 healthy"}
     stuck = {s.object: s.reason for s in drain.stuck(plan, refusals, NOW)}
     assert stuck == {"pod/ns/guarded": refusals["uid-guarded"], "pod/ns/free": "not evicted yet"}
-    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, refusals, NOW)] == [("ns/guarded", None)]
+    since = {"uid-guarded": NOW - timedelta(seconds=30)}
+    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, since, NOW, after=timedelta(seconds=30))] == [
+        ("ns/guarded", None)]
 
 
 def test_pods_of_other_nodes_are_none_of_its_business() -> None:
@@ -198,3 +200,61 @@ def test_a_pod_with_an_extended_resource_claim_is_a_dra_consumer() -> None:
     plan = drain.plan(_node(True), [pod, _pod("web")], [claim])
     assert [(p.ref, p.claims) for p in plan.consumers] == [("ns/ext", ("ns/ext-extended-resources-x",))]
     assert [h.ref for h in plan.claims] == ["ns/ext-extended-resources-x"]
+
+
+def test_a_claim_reserved_for_a_podgroup_does_not_hold_the_drain_once_its_pods_left_the_node() -> None:
+    # The PodGroup's reservation stays while the group exists, whatever its pods do: waiting for it hangs step 3.
+    group = _claim("group-gpu")
+    group["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "pg",
+                                       "uid": "pg-1"}]
+    member = _pod("member", claims=["group-gpu"])
+    during = drain.plan(_node(True), [member, _pod("web")], [group])
+    assert during.step == 2 and [p.ref for p in during.evict_now()] == ["ns/member"]
+    after = drain.plan(_node(True), [_pod("web")], [group], seen_pods=during.pod_uids)
+    assert after.claims == () and after.step == 4
+
+
+def test_force_after_counts_from_each_pods_own_refusal_not_from_the_drains_start() -> None:
+    # Step 4 reached long after --force-after: a pod the budget refused a second ago is not deleted yet.
+    plan = drain.plan(_node(True), [_pod("guarded")], [])
+    since = {"uid-guarded": NOW - timedelta(seconds=1)}
+    assert drain.force_deletions(plan, since, NOW, after=timedelta(minutes=5)) == []
+    since = {"uid-guarded": NOW - timedelta(minutes=5)}
+    assert [(p.ref, grace) for p, grace in drain.force_deletions(plan, since, NOW, after=timedelta(minutes=5))] == [
+        ("ns/guarded", None)]
+
+
+def test_force_after_gives_a_terminating_pod_its_grace_period_plus_the_wait() -> None:
+    pod = _pod("slow", deleting="2026-12-02T20:59:30Z")  # its grace period ended 30 s before NOW
+    plan = drain.plan(_node(True), [pod], [])
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(minutes=1)) == []
+    assert drain.force_deletions(plan, {}, NOW, after=timedelta(seconds=30)) == [(plan.rest[0], 0)]
+
+
+def test_only_a_disruption_budget_cause_makes_a_429_a_budgets_refusal() -> None:
+    cause = "The disruption budget never needs 1 healthy pods and has 1 currently"
+    budget = {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+              "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+              "details": {"causes": [{"reason": "DisruptionBudget", "message": cause}]}}
+    assert drain.budget_refusal_causes(budget) == [cause]
+    throttled = {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                 "message": "Too many requests, please try again later.", "details": {"retryAfterSeconds": 1}}
+    assert drain.budget_refusal_causes(throttled) is None
+    assert drain.budget_refusal_causes("not json") is None
+
+
+def test_a_forbidden_eviction_stops_the_drain_unless_the_namespace_is_being_deleted() -> None:
+    rbac = {"code": 403, "reason": "Forbidden", "message": 'pods "p" is forbidden: User "u" cannot create resource '
+            '"pods/eviction"', "details": {"name": "p", "kind": "pods"}}
+    assert drain.eviction_forbidden(403, rbac)
+    terminating = {"code": 403, "reason": "Forbidden", "details": {"causes": [
+        {"reason": "NamespaceTerminating", "message": "namespace ns is being terminated"}]}}
+    assert not drain.eviction_forbidden(403, terminating)
+    assert not drain.eviction_forbidden(429, {}) and not drain.eviction_forbidden(500, {})
+
+
+def test_later_rounds_read_the_claims_of_the_drained_pods_and_held_claims_namespaces_only() -> None:
+    other = _claim("far", "gone")
+    other["metadata"]["namespace"] = "batch"  # local to the node, reserved for a pod no round saw
+    plan = drain.plan(_node(True), [_pod("web")], [other])
+    assert drain.claim_namespaces(plan) == {"ns", "batch"}

@@ -95,8 +95,8 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     drain.add_argument("--timeout", type=_duration, help="give up after this long, exit 1 and name what is stuck "
                                                          "(default: wait for ever)")
     drain.add_argument("--force-after", type=_duration,
-                       help="after this long, delete the pods a PodDisruptionBudget still refuses (past the budget) "
-                            "and those Terminating past their grace period (with grace period 0)")
+                       help="delete the pods a PodDisruptionBudget has refused for this long (past the budget) "
+                            "and those Terminating this long past their grace period (with grace period 0)")
     drain.add_argument("--dry-run", action="store_true", help="print every step and object it would act on; "
                                                               "write nothing")
     drain.add_argument("--force", action="store_true", help="also evict pods that declare no controller")

@@ -18,7 +18,8 @@ learned to evict DRA pods first for the same reason (k8s-driver-manager#204).
 claim generated for such a pod is gone; a claim whose allocation is local to this node is reserved for
 nobody, and a standalone one seen held during this drain is deallocated. A standalone claim that pods on
 other nodes still share (a network-attached device) is released once this node's pods are out of its
-reservedFor: it stays allocated for them.
+reservedFor: it stays allocated for them. A reservation for a PodGroup (or anything but a pod) is not waited
+for: it stays while the group exists, whatever its pods on this node do.
 
 The plan is level-based: each call looks at the cluster as it is, so a second run, or a run after a
 crash, continues where the first one stopped. The only memory is the caller's: the UIDs of pods seen on
@@ -33,9 +34,9 @@ goes with the pod).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from claimwarden.health.records import RECORD_LABEL
 from claimwarden.podclaims import (
@@ -180,6 +181,13 @@ def plan(node: Obj, pods: Iterable[Obj], claims: Iterable[Obj], *, options: Opti
                 refused=tuple(refused), pod_uids=frozenset(drained))
 
 
+def claim_namespaces(current: Plan) -> set[str]:
+    """The namespaces whose claims later rounds must read: those of the pods the drain removes (a gone pod's claims
+    stay in its namespace) and of the claims it waits for. A claim tied to the node only by its allocation, for a pod
+    no round saw, is found by the cluster-wide read that drainer.py makes now and then."""
+    return {p.namespace for p in (*current.consumers, *current.rest)} | {h.ref.split("/", 1)[0] for h in current.claims}
+
+
 def _left_alone(pod: Obj) -> str | None:
     meta = pod.get("metadata") or {}
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
@@ -246,8 +254,9 @@ def _held(claim: Obj, *, node_name: str, node_pods: dict[str, Obj], ours: set[st
         return bool(pod_uid) and pod_uid not in kept and (pod_uid in ours or local)
 
     entries = reserved_for(claim)
+    # Only pod reservations: a PodGroup's (or any other consumer's) stays while that consumer exists, whatever its
+    # pods on this node do, so waiting for it would hang; the kubelet unprepares once the node's pods are gone.
     holders = [e for e in entries if is_pod_reservation(e) and is_ours(str(e.get("uid")))]
-    others = [e for e in entries if not is_pod_reservation(e)] if local else []
     reasons = []
     if holders:
         described = []
@@ -257,7 +266,6 @@ def _held(claim: Obj, *, node_name: str, node_pods: dict[str, Obj], ours: set[st
                 "terminating" if is_being_deleted(pod) else "on the node")
             described.append(f"{meta.get('namespace')}/{entry.get('name')} ({state})")
         reasons.append("reserved for pod(s) " + ", ".join(described))
-    reasons += [f"reserved for {e.get('resource')} {e.get('name')}" for e in others]
     owner = controlling_pod_uid(claim)
     generated_for_ours = owner is not None and is_ours(owner)
     if generated_for_ours and not reasons:
@@ -307,6 +315,26 @@ def budgets_of(pod: Obj, pdbs: Iterable[Obj]) -> list[str]:
                   and selector_matches((b.get("spec") or {}).get("selector"), labels))
 
 
+def budget_refusal_causes(answer: object) -> list[str] | None:
+    """The messages of an eviction answer's DisruptionBudget causes (upstream's policyv1.DisruptionBudgetCause), or
+    None when the refusal is not a budget's: API Priority and Fairness throttling answers 429 too."""
+    if not isinstance(answer, dict):
+        return None
+    # metav1.StatusCause's Type is "reason" in JSON.
+    causes = [c for c in (answer.get("details") or {}).get("causes") or [] if c.get("reason") == "DisruptionBudget"]
+    return [str(c.get("message") or "") for c in causes] if causes else None
+
+
+def eviction_forbidden(status: int, answer: object) -> bool:
+    """True when an eviction's refusal will not change by retrying: 401/403 (RBAC on pods/eviction, an admission
+    webhook), as kubectl drain gives up on them. Not a 403 for a namespace being deleted (cause NamespaceTerminating):
+    the namespace's controller deletes the pod soon."""
+    if status not in (401, 403):
+        return False
+    causes = ((answer.get("details") or {}).get("causes") or []) if isinstance(answer, dict) else []
+    return not any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 # --- what holds the drain up ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -339,17 +367,20 @@ def _terminating(pod: PodStep, now: datetime) -> str:
     return f"Terminating (grace period {pod.grace_seconds}s{late}){finalizers}"
 
 
-def force_deletions(current: Plan, refusals: dict[str, str], now: datetime) -> list[tuple[PodStep, int | None]]:
-    """--force-after: the stuck pods of the current step to delete instead of evicting, with the grace period
-    to delete them with: a pod a budget refused goes with its own (None); a pod Terminating past its grace
+def force_deletions(current: Plan, budget_refused_since: Mapping[str, datetime], now: datetime, *,
+                    after: timedelta) -> list[tuple[PodStep, int | None]]:
+    """--force-after: the stuck pods of the current step to delete instead of evicting, with the grace period to
+    delete them with. `after` counts for each pod on its own, never from the drain's start (a step reached late must
+    not delete a pod at its first refusal): a pod a PodDisruptionBudget has refused since `budget_refused_since[uid]`
+    for `after` goes with its own grace period (None); a pod still Terminating `after` past the end of its grace
     period is deleted with 0, which removes it from the API without the kubelet's confirmation."""
     pods = {2: current.consumers, 4: current.rest}.get(current.step, ())
     out: list[tuple[PodStep, int | None]] = []
     for pod in pods:
         if pod.terminating:
-            since = parse_rfc3339(pod.deleting_since)
-            if since is not None and now > since:
+            grace_ended = parse_rfc3339(pod.deleting_since)
+            if grace_ended is not None and now - grace_ended >= after:
                 out.append((pod, 0))
-        elif pod.uid in refusals:
+        elif pod.uid in budget_refused_since and now - budget_refused_since[pod.uid] >= after:
             out.append((pod, None))
     return out

@@ -1,12 +1,13 @@
 """`kubectl claimwarden drain NODE`: the loop that reads the node, plans (drain.py) and acts, once a second,
 until the node is drained or --timeout passes.
 
-Each round reads the node, its pods (a field selector on spec.nodeName) and every ResourceClaim, asks
+Each round reads the node, its pods (a field selector on spec.nodeName) and the ResourceClaims (read_plan), asks
 drain.plan what to do now, and does it: cordon (a merge patch of spec.unschedulable), evictions through
-the Eviction API (policy/v1, pinned to the pod's UID), and, past --force-after, deletions of the pods a
-PodDisruptionBudget still refuses or that stay Terminating past their grace period. A refusal (HTTP 429)
-is retried with back-off, 1 s doubling to 30 s, like claimwarden's own evictions (health/evictions.py), and
-reported with the budget that refused. PodDisruptionBudgets are read only when one refuses.
+the Eviction API (policy/v1, pinned to the pod's UID), and, with --force-after, deletions of the pods a
+PodDisruptionBudget has refused for that long or that stay Terminating that long past their grace period
+(counted per pod, drain.force_deletions). A refusal is retried with back-off, 1 s doubling to 30 s, like
+claimwarden's own evictions (health/evictions.py), and reported: a budget's (HTTP 429 with a DisruptionBudget
+cause) with the budget, read only then; any other (API throttling, 403, 500) as it is, and never forced.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any
 from urllib.parse import quote
 
 from . import drain
-from .read import Cluster, NotFound
+from .read import Cluster, ClusterError
 
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 POLL_SECONDS = 1.0
+FULL_LIST_EVERY = 30
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
 EXIT_DRAINED, EXIT_NOT_DRAINED = 0, 1
 
@@ -41,10 +44,15 @@ class Memory:
     claims: set[str] = field(default_factory=set)
     refusals: dict[str, str] = field(default_factory=dict)
     """pod UID -> the last refusal of its eviction, in words"""
+    budget_refused_since: dict[str, datetime] = field(default_factory=dict)
+    """pod UID -> when a PodDisruptionBudget first refused its eviction (what --force-after counts from)"""
     attempts: dict[str, int] = field(default_factory=dict)
     next_try: dict[str, float] = field(default_factory=dict)
     evicted: int = 0
     forced: set[str] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)
+    """namespaces of the pods and held claims seen so far: where a round reads claims (drain.claim_namespaces)"""
+    rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,21 @@ def read_plan(cluster: Cluster, settings: Settings, memory: Memory) -> drain.Pla
     if node is None:
         raise NodeNotFound(settings.node)
     pods = cluster.list(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{quote(settings.node)}") or []
-    claims = cluster.list("/apis/resource.k8s.io/v1/resourceclaims") or []
-    return drain.plan(node, pods, claims, options=settings.options, seen_pods=frozenset(memory.pods),
-                      seen_claims=frozenset(memory.claims), claimwarden_namespace=settings.claimwarden_namespace)
+    # Every claim of the cluster only every FULL_LIST_EVERY rounds (the first included: claims tied to the node by
+    # their allocation alone, for pods a crashed run saw); in between, only the namespaces that matter, so that a
+    # cluster of 100,000 claims is not read in full once a second.
+    full = memory.rounds % FULL_LIST_EVERY == 0
+    memory.rounds += 1
+    namespaces = sorted(memory.namespaces | {str((p.get("metadata") or {}).get("namespace") or "") for p in pods})
+    if full:
+        claims = cluster.list(CLAIMS_PATH) or []
+    else:
+        claims = [c for ns in namespaces if ns
+                  for c in cluster.list(f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims") or []]
+    current = drain.plan(node, pods, claims, options=settings.options, seen_pods=frozenset(memory.pods),
+                         seen_claims=frozenset(memory.claims), claimwarden_namespace=settings.claimwarden_namespace)
+    memory.namespaces |= drain.claim_namespaces(current)
+    return current
 
 
 def dry_run(cluster: Cluster, settings: Settings, say: Say) -> int:
@@ -105,8 +125,8 @@ def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], f
         if plan.cordon:
             cluster.request("PATCH", f"/api/v1/nodes/{quote(plan.node)}", {"spec": {"unschedulable": True}},
                             content_type="application/merge-patch+json")
-            say(f"node/{plan.node} cordoned")
-            continue
+            say(f"node/{plan.node} cordoned" if step == 0 else f"node/{plan.node} uncordoned meanwhile: cordoned again")
+            # On with the round: something that keeps uncordoning the node must not make a busy loop past --timeout.
         if plan.step != step:
             step = plan.step
             _announce(plan, say)
@@ -119,8 +139,8 @@ def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], f
         for pod in plan.evict_now():
             if memory.next_try.get(pod.uid, 0.0) <= clock():
                 _evict(cluster, pod, memory, say, clock)
-        if settings.force_after is not None and elapsed >= settings.force_after.total_seconds():
-            _force(cluster, plan, memory, say)
+        if settings.force_after is not None:
+            _force(cluster, plan, memory, say, settings.force_after)
         if settings.timeout is not None and elapsed >= settings.timeout.total_seconds():
             say(f"drain of {plan.node} timed out after {elapsed:.0f}s at step {plan.step} "
                 f"({drain.STEPS[plan.step]}); stuck:")
@@ -161,14 +181,22 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
     if 200 <= status <= 299:
         memory.evicted += 1
         memory.refusals.pop(pod.uid, None)
+        memory.budget_refused_since.pop(pod.uid, None)
         say(f"evicted pod {pod.ref}")
         return
     if status in (404, 409):
         return  # gone, or replaced by a pod of the same name: the next round sees which
+    if drain.eviction_forbidden(status, answer):
+        message = answer.get("message") if isinstance(answer, dict) else None
+        raise ClusterError(f"eviction of pod {pod.ref} refused: {status} {message or 'forbidden'}; may you create "
+                           "pods/eviction in its namespace, or which admission webhook denies it?")
     attempts = memory.attempts.get(pod.uid, 0) + 1
     memory.attempts[pod.uid] = attempts
     delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
     memory.next_try[pod.uid] = clock() + delay
+    by_budget = status == 429 and drain.budget_refusal_causes(answer) is not None
+    if by_budget:
+        memory.budget_refused_since.setdefault(pod.uid, datetime.now(UTC))
     reason = _refusal_reason(cluster, pod, status, answer)
     if memory.refusals.get(pod.uid) != reason:
         say(f"pod {pod.ref}: {reason}; retrying with back-off")
@@ -176,32 +204,37 @@ def _evict(cluster: Cluster, pod: drain.PodStep, memory: Memory, say: Say, clock
 
 
 def _refusal_reason(cluster: Cluster, pod: drain.PodStep, status: int, answer: Any) -> str:
-    message = str((answer or {}).get("message") or f"HTTP {status}") if isinstance(answer, dict) else f"HTTP {status}"
-    causes = [str(c.get("message")) for c in ((answer or {}).get("details") or {}).get("causes") or []
-              if c.get("message")] if isinstance(answer, dict) else []
-    if status != 429:
-        return f"eviction failed: {message}"
-    # The apiserver names the budget in a cause ("The disruption budget X needs ..."), not always: name them here.
-    pdbs = cluster.list(f"/apis/policy/v1/namespaces/{quote(pod.namespace)}/poddisruptionbudgets") or []
-    body = cluster.get(f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}") or {}
+    message = str(answer.get("message") or f"HTTP {status}") if isinstance(answer, dict) else f"HTTP {status}"
+    causes = drain.budget_refusal_causes(answer) if status == 429 else None
+    if causes is None:
+        return f"eviction {'throttled by the API server' if status == 429 else 'failed'}: {message}"
+    # The cause names the budget ("The disruption budget X needs ..."), not its namespace: name them here. A
+    # refusal to read budgets (RBAC) must not stop the drain, only the naming.
+    try:
+        pdbs = cluster.list(f"/apis/policy/v1/namespaces/{quote(pod.namespace)}/poddisruptionbudgets") or []
+        body = cluster.get(f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}") or {}
+    except ClusterError:
+        pdbs, body = [], {}
     names = drain.budgets_of(body, pdbs) if body else []
     budget = f"PodDisruptionBudget {', '.join(names)}" if names else "a PodDisruptionBudget"
-    return f"eviction refused by {budget}: " + "; ".join(causes or [message])
+    return f"eviction refused by {budget}: " + "; ".join([c for c in causes if c] or [message])
 
 
-def _force(cluster: Cluster, plan: drain.Plan, memory: Memory, say: Say) -> None:
-    for pod, grace in drain.force_deletions(plan, memory.refusals, datetime.now(UTC)):
+def _force(cluster: Cluster, plan: drain.Plan, memory: Memory, say: Say, after: timedelta) -> None:
+    for pod, grace in drain.force_deletions(plan, memory.budget_refused_since, datetime.now(UTC), after=after):
         key = f"{pod.uid}/{grace}"
         if key in memory.forced:
             continue
         memory.forced.add(key)
         query = "" if grace is None else f"?gracePeriodSeconds={grace}"
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}}
-        try:
-            cluster.request("DELETE", f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}{query}",
-                            body)
-        except NotFound:
-            continue
+        status, answer = cluster.call(
+            "DELETE", f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}{query}", body)
+        if status in (404, 409):
+            continue  # gone, or a new pod of the same name (a StatefulSet's) that the UID precondition spares
+        if not 200 <= status <= 299:
+            message = answer.get("message") if isinstance(answer, dict) else None
+            raise ClusterError(f"--force-after: DELETE pod {pod.ref}: {status} {message or 'refused'}")
         what = ("deleted past its PodDisruptionBudget" if grace is None
                 else "deleted with grace period 0 (removed from the API; its containers may still run)")
         say(f"--force-after: pod {pod.ref} {what}")
