@@ -214,3 +214,31 @@ def test_records_of_other_pools_and_records_without_a_device_are_ignored() -> No
     broken: dict[str, Any] = {"metadata": {"name": "x"}, "spec": {"driver": DRIVER}}
     sync = siblings.plan_pool(DRIVER, POOL, [elsewhere, broken], example_driver_pool())
     assert (sync.create, sync.patch, sync.delete) == ((), (), ())
+
+
+def test_nothing_is_deleted_while_the_pool_is_incomplete() -> None:
+    # Generation 2's device slice is out, its counter slice not yet: gpu-0 does not look whole for now.
+    origin = record("o", "gpu-0")
+    have = [origin, derived(origin, "gpu-0-partition-0"), derived(origin, "gpu-0-partition-1")]
+    half_published = [{**example_driver_pool()[1]}]
+    half_published[0]["spec"] = {**half_published[0]["spec"], "pool": {"name": POOL, "generation": 2,
+                                                                       "resourceSliceCount": 2}}
+    assert siblings.pool_complete(half_published) is False and siblings.pool_complete(example_driver_pool())
+    assert siblings.plan_pool(DRIVER, POOL, have, half_published).delete == ()
+    assert siblings.pool_complete([]) is False
+
+
+def test_the_domain_shown_in_a_records_status() -> None:
+    assert siblings.domain_devices(ref("gpu-0-partition-1"), example_driver_pool()) == [
+        "gpu-0", "gpu-0-partition-0", "gpu-0-partition-1"]
+    assert siblings.domain_devices(ref("gpu-7"), example_driver_pool()) is None
+
+
+def test_the_status_shows_the_domain_and_keeps_the_last_one_while_the_device_is_not_listed() -> None:
+    gpu = ref("gpu-0")
+    assert siblings.domain_status(["gpu-0", "p-0"], {}, gpu) == {"faultDomain": ["gpu-0", "p-0"], "faultDomainSize": 2}
+    shown = {"faultDomain": ["gpu-0", "p-0"], "faultDomainSize": 2}
+    assert siblings.domain_status(None, shown, gpu) == shown
+    assert siblings.domain_status(None, {}, gpu) == {"faultDomain": ["gpu-0"], "faultDomainSize": 1}
+    big = [f"p-{i:03}" for i in range(200)]
+    assert siblings.domain_status(big, {}, gpu) == {"faultDomain": big[:128], "faultDomainSize": 200}

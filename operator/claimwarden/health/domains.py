@@ -60,7 +60,7 @@ _GroupKey = tuple[str, str, str, str]  # driver, pool, kind ("set" or "parent"),
 def fault_domains(pool_slices: Iterable[Slice], *, rules: DomainRules = DomainRules()
                   ) -> dict[DeviceRef, frozenset[DeviceRef]]:
     """Every published device's fault domain (always including the device itself)."""
-    groups_of = _device_groups(_current_slices(pool_slices), rules)
+    groups_of = _device_groups(current_slices(pool_slices), rules)
     members: dict[_GroupKey, set[DeviceRef]] = defaultdict(set)
     for ref, keys in groups_of.items():
         for key in keys:
@@ -88,7 +88,7 @@ def whole_devices(pool_slices: Iterable[Slice], *, rules: DomainRules = DomainRu
     """The devices whose fault is a fault of their whole domain: a parent named by another device's parent
     attribute, or a device that takes all of every counter set it draws from (see the module docstring).
     Counters that are malformed (no value, not a quantity) make a device not whole rather than guessed."""
-    current = _current_slices(pool_slices)
+    current = current_slices(pool_slices)
     sets: dict[tuple[str, str, str], dict[str, Decimal | None]] = {}
     for item in current:
         driver, pool = _pool_key(item)
@@ -145,7 +145,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def problems(pool_slices: Iterable[Slice]) -> list[str]:
     """What is wrong in the published counter sets, one sentence each (for an Event or a log line)."""
-    current = _current_slices(pool_slices)
+    current = current_slices(pool_slices)
     published: dict[_PoolKey, set[str]] = defaultdict(set)
     named: dict[_PoolKey, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     found: list[str] = []
@@ -171,7 +171,7 @@ def problems(pool_slices: Iterable[Slice]) -> list[str]:
     return found
 
 
-def _current_slices(pool_slices: Iterable[Slice]) -> list[Slice]:
+def current_slices(pool_slices: Iterable[Slice]) -> list[Slice]:
     """The slices of each pool's newest generation; slices without a driver or pool name are dropped."""
     by_pool: dict[_PoolKey, list[tuple[int, Slice]]] = defaultdict(list)
     for item in pool_slices:

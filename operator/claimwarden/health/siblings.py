@@ -19,8 +19,9 @@ Rules, referred to by the controller:
    owner is not the origin's current UID, is deleted, so forging one achieves nothing lasting.
 3. Only what the current slices say removes a sibling: a derived record whose device no current slice of
    the pool lists, or whose origin's device no current slice lists, stays (slices are re-created by drivers,
-   and records outlive them). Its origin's going, or its origin's scope or effect no longer asking for it,
-   removes it.
+   and records outlive them); while the pool's newest generation is not complete (fewer slices than its
+   ``resourceSliceCount``, say its counter slice is not there yet) nothing is deleted at all. Otherwise its
+   origin's going, or its origin's scope or effect no longer asking for it, removes it.
 4. One derived record per (origin, sibling): two origins covering one device give two records, and a
    sibling's own record is a third; the quarantine is the device's (health/__init__.py), whichever mark it.
 
@@ -39,11 +40,12 @@ from . import records
 from .domains import Slice, fault_domains, whole_devices
 from .records import DeviceRef
 
-SOURCE = "sibling"
+SOURCE = records.SOURCE_SIBLING
 ORIGIN_LABEL = "claimwarden.io/origin"
 SCOPE_DEVICE = "Device"
 SCOPE_FAULT_DOMAIN = "FaultDomain"
 SCOPES = (SCOPE_DEVICE, SCOPE_FAULT_DOMAIN)
+DOMAIN_SHOWN_MAX = 128
 EXTENDING_EFFECTS = ("NoExecute", "NoSchedule")
 """Effects that extend to the siblings. A dry run (None) previews its own device only."""
 
@@ -163,6 +165,7 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
             body = derived_body(record, ref, sibling)
             wanted[body["metadata"]["name"]] = (body, uid)
     extending = {uid for _, uid in wanted.values()}
+    complete = pool_complete(slices)
     create: list[dict[str, Any]] = []
     patch: list[tuple[str, dict[str, Any]]] = []
     delete: list[tuple[str, str]] = []
@@ -174,11 +177,12 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
             # Rule 3: an origin whose device is not listed now, or a sibling not listed now under an origin
             # that still extends, keeps the record.
             unlisted = records.record_ref(record) not in listed
-            if owner and (owner in keep_origins or (unlisted and owner in extending)):
+            if not complete or (owner and (owner in keep_origins or (unlisted and owner in extending))):
                 continue
             _delete(record, delete)
         elif owner != want[1] or records.record_ref(record) != records.record_ref(want[0]):
-            _delete(record, delete)  # a stale or forged one under our name: made again once it is gone
+            if complete:
+                _delete(record, delete)  # a stale or forged one under our name: made again once it is gone
         else:
             fields = {k: v for k, v in want[0]["spec"].items() if spec(record).get(k) != v}
             if fields:
@@ -186,6 +190,41 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
     create = sorted((wanted[name][0] for name in set(wanted) - set(existing)),
                     key=lambda body: (body["spec"]["device"], body["metadata"]["name"]))
     return PoolSync(create=tuple(create), patch=tuple(patch), delete=tuple(delete), domains=shown)
+
+
+def pool_complete(pool_slices: Iterable[Slice]) -> bool:
+    """True when the pool's newest generation has all its slices (``resourceSliceCount``), as the scheduler
+    requires before it allocates from a pool; a pool without slices is not complete."""
+    newest: dict[int, list[Slice]] = {}
+    for item in pool_slices:
+        pool = (item.get("spec") or {}).get("pool") or {}
+        try:
+            generation = int(pool.get("generation") or 0)
+        except (TypeError, ValueError):
+            generation = 0
+        newest.setdefault(generation, []).append(item)
+    if not newest:
+        return False
+    current = newest[max(newest)]
+    counts = {((s.get("spec") or {}).get("pool") or {}).get("resourceSliceCount") for s in current}
+    return all(isinstance(count, int) and count <= len(current) for count in counts)
+
+
+def domain_devices(ref: DeviceRef, pool_slices: Iterable[Slice]) -> list[str] | None:
+    """The device names of `ref`'s fault domain (its own included), or None when no current slice lists it."""
+    domain = fault_domains(pool_slices).get(ref)
+    return None if domain is None else sorted(r.device for r in domain)
+
+
+def domain_status(domain: list[str] | None, status: Mapping[str, Any], ref: DeviceRef) -> dict[str, Any]:
+    """status.faultDomain (the first DOMAIN_SHOWN_MAX names) and status.faultDomainSize of a record. While no
+    slice lists the device (a driver re-creating its slices), the domain last shown stays."""
+    if domain is None:
+        shown = status.get("faultDomain")
+        if isinstance(shown, list) and shown:
+            return {"faultDomain": shown, "faultDomainSize": status.get("faultDomainSize") or len(shown)}
+        domain = [ref.device]
+    return {"faultDomain": domain[:DOMAIN_SHOWN_MAX], "faultDomainSize": len(domain)}
 
 
 def _delete(record: dict[str, Any], delete: list[tuple[str, str]]) -> None:

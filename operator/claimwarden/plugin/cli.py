@@ -175,7 +175,7 @@ def _explanation_data(explanation: Any) -> dict[str, Any]:
         "claims": [{
             "claim": c.ref, "podClaim": c.name, "source": c.source, "allocated": c.allocated,
             "devices": [f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in c.results],
-            "reservedFor": c.reserved_for, "problem": c.problem,
+            "reservedFor": c.reserved_for, "problem": c.problem, "siblings": c.siblings,
             "requests": [[{"request": f.req.label, "class": f.req.class_name, "wants": f.req.wants,
                            "blockedAt": f.blocked_at,
                            "funnel": [{"step": r.step, "left": r.left, "detail": r.detail} for r in f.rows]}
@@ -197,6 +197,8 @@ def _explanation_text(explanation: Any, *, wide: bool) -> str:
                                 for r in claim.results)
             lines.append(f"claim {claim.ref} (from {claim.source}): allocated: {devices or 'no devices'}")
             lines.append(f"  reserved for: {', '.join(claim.reserved_for) or 'nobody'}")
+            lines += [f"  siblings of {device} (its fault domain): {', '.join(names)}"
+                      for device, names in claim.siblings.items()]
             continue
         lines.append(f"claim {claim.ref} (from {claim.source}): not allocated" + (
             f" ({claim.problem})" if claim.problem else ""))
@@ -266,9 +268,10 @@ def _devices(cluster: Any, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_OK
     wide = args.output == "wide"
-    headers = ["NODE", "POOL", "DEVICE", "MODEL", "STATE", "HOLDER"] + (["DRIVER", "CLAIM", "REASON"] if wide else [])
+    headers = ["NODE", "POOL", "DEVICE", "MODEL", "STATE", "HOLDER"] + (
+        ["DRIVER", "CLAIM", "SIBLINGS", "REASON"] if wide else [])
     table = [[r.node, r.pool, r.device, r.model, r.state, r.holder or "-"]
-             + ([r.driver, r.claim or "-", r.reason or "-"] if wide else []) for r in selected]
+             + ([r.driver, r.claim or "-", r.siblings or "-", r.reason or "-"] if wide else []) for r in selected]
     print(_table(headers, table))
     return EXIT_OK
 

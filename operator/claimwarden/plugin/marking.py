@@ -113,6 +113,13 @@ def plan_clear(snapshot: Snapshot, ref: DeviceRef, *, verified: bool = False) ->
                             "made from health signals")
         return ClearPlan(verify_record=signal["metadata"]["name"])
     others = [r for r in snapshot.records if r is not signal and records.record_ref(r) == ref]
+    derived = [r for r in others if records.record_source(r) == records.SOURCE_SIBLING]
+    others = [r for r in others if r not in derived]
+    if derived and not others and signal is None:
+        origins = ", ".join(sorted(str(o.get("name")) for r in derived
+                                   for o in (r.get("metadata") or {}).get("ownerReferences") or []))
+        raise MarkError(f"{ref} is marked as a sibling of a marked whole device (record {origins}); clear that "
+                        "device, or mark it with scope Device")
     if signal is not None and not others:
         raise MarkError(f"{ref} was marked from health signals (record {signal['metadata']['name']}); after checking "
                         "the device, clear it with --verified")

@@ -132,6 +132,32 @@ class Snapshot:
         return out
 
     @cached_property
+    def _current_pools(self) -> dict[tuple[str, str], list[Obj]]:
+        from claimwarden.health.domains import current_slices
+
+        pools: dict[tuple[str, str], list[Obj]] = {}
+        current = {id(slice_) for slice_ in current_slices(self.slices)}
+        for slice_ in (s for s in self.slices if id(s) in current):
+            spec = slice_.get("spec") or {}
+            pools.setdefault((spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")), []).append(slice_)
+        return pools
+
+    def pool_slices(self, driver: str, pool: str) -> list[Obj]:
+        """The slices of the newest generation of one pool (counter sets may sit in any of them from 1.35)."""
+        return self._current_pools.get((driver, pool), [])
+
+    @cached_property
+    def fault_domains(self) -> dict[DeviceId, list[str]]:
+        """Each device's siblings: the other devices of its fault domain (health/domains.py), by name."""
+        from claimwarden.health.domains import fault_domains
+
+        found: dict[DeviceId, list[str]] = {}
+        for slices in self._current_pools.values():
+            for ref, domain in fault_domains(slices).items():
+                found[(ref.driver, ref.pool, ref.device)] = sorted(r.device for r in domain if r != ref)
+        return found
+
+    @cached_property
     def device_index(self) -> dict[DeviceId, Device]:
         return {device.id: device for device in self.devices}
 
