@@ -3,6 +3,7 @@ domain, and the derived records a pool should have, driven with plain slices and
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from claimwarden.health import siblings
@@ -242,3 +243,21 @@ def test_the_status_shows_the_domain_and_keeps_the_last_one_while_the_device_is_
     assert siblings.domain_status(None, {}, gpu) == {"faultDomain": ["gpu-0"], "faultDomainSize": 1}
     big = [f"p-{i:03}" for i in range(200)]
     assert siblings.domain_status(big, {}, gpu) == {"faultDomain": big[:128], "faultDomainSize": 200}
+
+
+def test_a_policy_rule_sets_the_scope_of_its_signal_records() -> None:
+    from claimwarden.signals import records as signal_records
+    from claimwarden.signals.policy import parse_policy
+
+    policy, errors = parse_policy({"metadata": {"name": "p"}, "spec": {"rules": [
+        {"name": "reset", "source": "DriverTaint", "signal": "gpu.nvidia.com/xid", "effect": "NoExecute",
+         "scope": "FaultDomain"}]}})
+    assert errors == [] and policy is not None and policy.rules[0].scope == "FaultDomain"
+    decided = signal_records.decide.Decision(
+        effect="NoExecute", would="NoExecute", policy="p", rule="reset", mode="Enforce", why="x", escalated=False,
+        recovered=False, workload_fault=False, drain=None, history=signal_records.decide.History(), scope="FaultDomain")
+    spec = signal_records.desired_spec(decided)
+    assert spec["scope"] == "FaultDomain"
+    unscoped = signal_records.desired_spec(dataclasses.replace(decided, scope=None))
+    assert unscoped["scope"] is None  # a merge patch removes it
+    assert "scope" not in signal_records.record_body(ref("gpu-0"), unscoped)["spec"]  # a new record leaves it out
