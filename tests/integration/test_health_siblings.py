@@ -11,7 +11,6 @@ unless CLAIMWARDEN_KUBERNETES names 1.35 or later.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +24,17 @@ from claimwarden_lab.cluster import LabState
 
 from .auditor import LabAudit
 from .conftest import extra_lab, lab_kubernetes, service_account_kubeconfig
-from .health_helpers import GROUP, PLURAL, VERSION, create_record, delete_record, holders, records, wait_gone
+from .health_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    DeviceWatch,
+    create_record,
+    delete_record,
+    holders,
+    records,
+    wait_gone,
+)
 from .helpers import pod_with_claims, wait_for
 from .operator import Operator
 
@@ -81,32 +90,6 @@ def _derived(api: client.ApiClient) -> dict[str, str]:
             for r in records(api) if r["spec"].get("source") == "sibling"}
 
 
-class Watch:
-    """Lists the claims every 0.2 s and keeps the devices of gpu-0 that a claim outside claimwarden's namespace was
-    seen allocated, and when: none may be given out while gpu-0 is marked."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.seen: dict[str, float] = {}  # "claim -> device" -> when first seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            for device in GPU_0:
-                for holder in holders(self.api, POOL, device):
-                    if not holder.startswith(f"{QUARANTINE_NAMESPACE}/"):
-                        self.seen.setdefault(f"{holder} -> {device}", time.monotonic())
-
-
 def _evictions(audit: LabAudit) -> Counter[str]:
     counts: Counter[str] = Counter()
     for event in audit.new_events():
@@ -138,7 +121,7 @@ def test_a_mark_of_the_whole_gpu_covers_its_partitions_and_a_mark_of_a_partition
         # The whole gpu-0 marked: its halves' pods go, once each; gpu-1's stay.
         started = time.monotonic()
         create_record(api, "broken-gpu-0", POOL, "gpu-0", "NoExecute", "XID 79: fallen off the bus")
-        with Watch(api) as watch:
+        with DeviceWatch(api, POOL, GPU_0, QUARANTINE_NAMESPACE) as watch:
             wait_gone(api, NAMESPACE, "a", 60)
             wait_gone(api, NAMESPACE, "b", 60)
             evicted_in = time.monotonic() - started
@@ -165,7 +148,7 @@ def test_a_mark_of_the_whole_gpu_covers_its_partitions_and_a_mark_of_a_partition
             wait_for("the derived records gone", lambda: not _derived(api), 60)
             freed = wait_for("e and f scheduled on gpu-0's halves", lambda: _placed(api, {"e", "f"}), 90)
         assert sorted((freed["e"], freed["f"])) == ["gpu-0-partition-0", "gpu-0-partition-1"]
-        early = {what: round(cleared - at, 1) for what, at in watch.seen.items() if at < cleared}
+        early = {what: round(cleared - at, 1) for what, at in watch.first_seen.items() if at < cleared}
         assert early == {}, f"allocated while gpu-0 was marked (seconds before the clear): {early}"
 
         # One half of gpu-1 marked (a partition: its own device only): only its pod goes.
