@@ -261,3 +261,17 @@ def test_a_policy_rule_sets_the_scope_of_its_signal_records() -> None:
     unscoped = signal_records.desired_spec(dataclasses.replace(decided, scope=None))
     assert unscoped["scope"] is None  # a merge patch removes it
     assert "scope" not in signal_records.record_body(ref("gpu-0"), unscoped)["spec"]  # a new record leaves it out
+
+
+def test_an_annotation_on_a_device_with_a_derived_record_gets_a_record_of_its_own() -> None:
+    from claimwarden.health.records import plan_slice, record_name
+
+    origin = record("o", "gpu-0")
+    derived_record = derived(origin, "gpu-0-partition-0")
+    annotated = {"metadata": {"name": "slice-a", "annotations": {
+                     "unhealthy.claimwarden.io/gpu-0-partition-0": "its own fault"}},
+                 "spec": {"driver": DRIVER, "pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
+                          "devices": [{"name": "gpu-0-partition-0"}]}}
+    sync = plan_slice(annotated, {derived_record["metadata"]["name"]: derived_record})
+    assert [b["metadata"]["name"] for b in sync.create] == [record_name(ref("gpu-0-partition-0"))]
+    assert sync.delete == () and sync.update_reason == ()
