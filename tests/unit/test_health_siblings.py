@@ -275,3 +275,17 @@ def test_an_annotation_on_a_device_with_a_derived_record_gets_a_record_of_its_ow
     sync = plan_slice(annotated, {derived_record["metadata"]["name"]: derived_record})
     assert [b["metadata"]["name"] for b in sync.create] == [record_name(ref("gpu-0-partition-0"))]
     assert sync.delete == () and sync.update_reason == ()
+
+
+def test_the_caches_projections_keep_what_the_plan_reads() -> None:
+    # The operator plans from projected slices and records (projections.py): counter sets, consumed counters
+    # and the derived records' owner must survive the projection.
+    from claimwarden import projections
+
+    slices = [projections.resource_slice(s) for s in example_driver_pool()]
+    assert whole_devices(slices) == whole_devices(example_driver_pool())
+    origin = record("o", "gpu-0")
+    have = [projections.record(r) for r in (origin, derived(origin, "gpu-0-partition-0"),
+                                            derived(origin, "gpu-0-partition-1"))]
+    sync = siblings.plan_pool(DRIVER, POOL, have, slices)
+    assert (sync.create, sync.patch, sync.delete) == ((), (), ())
