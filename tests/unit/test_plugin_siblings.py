@@ -64,3 +64,21 @@ def test_clearing_a_device_marked_only_as_a_sibling_names_the_origin() -> None:
     with pytest.raises(marking.MarkError, match=r"sibling of a marked whole device \(record broken-gpu-0\)"):
         marking.plan_clear(snapshot, DeviceRef(DRIVER, POOL, "gpu-0-partition-0"))
     assert marking.plan_clear(snapshot, DeviceRef(DRIVER, POOL, "gpu-0")).delete_record == "broken-gpu-0"
+
+
+def test_mark_takes_a_scope_and_never_takes_over_a_derived_record() -> None:
+    snapshot = partitionable()
+    origin: dict[str, Any] = {"metadata": {"name": "broken-gpu-0", "uid": "u"},
+                              "spec": {"driver": DRIVER, "pool": POOL, "device": "gpu-0", "effect": "NoExecute",
+                                       "reason": "XID 79", "source": "manual"}}
+    part = DeviceRef(DRIVER, POOL, "gpu-0-partition-0")
+    snapshot.records = [origin, siblings.derived_body(origin, DeviceRef(DRIVER, POOL, "gpu-0"), part)]
+    plan = marking.plan_mark(snapshot, part, reason="its own fault", effect="NoSchedule", expires_at=None,
+                             scope="Device")
+    assert plan.create is not None and plan.create["spec"]["scope"] == "Device"
+    assert plan.create["spec"]["source"] == "manual"
+    again = marking.plan_mark(snapshot, DeviceRef(DRIVER, POOL, "gpu-0"), reason="x", effect="NoExecute",
+                              expires_at=None, scope="Device")
+    assert again.patch_name == "broken-gpu-0" and again.patch is not None and again.patch["spec"]["scope"] == "Device"
+    with pytest.raises(marking.MarkError, match="--scope 'Rack'"):
+        marking.plan_mark(snapshot, part, reason="x", effect="NoExecute", expires_at=None, scope="Rack")

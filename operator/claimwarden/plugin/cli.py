@@ -72,6 +72,9 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     mark.add_argument("--effect", default="NoExecute", choices=("NoExecute", "NoSchedule", "None"),
                       help="NoExecute evicts, NoSchedule keeps new pods away, None is a dry run (default: NoExecute)")
     mark.add_argument("--expires", help="when the mark lapses: a duration (30m, 12h, 7d) or an RFC 3339 date-time")
+    mark.add_argument("--scope", choices=("Device", "FaultDomain"),
+                      help="FaultDomain: the device and its siblings (devices sharing its counter sets or parent); "
+                           "Device: the device alone (default: FaultDomain for a whole device, Device for a partition)")
     mark.add_argument("--dry-run", action="store_true",
                       help="write nothing; show which pods a NoExecute mark would evict now")
     _common(mark, output=("json", "yaml"))
@@ -288,7 +291,7 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
     try:
         ref = resolve(snapshot, args.device)
         plan = plan_mark(snapshot, ref, reason=args.reason, effect=args.effect,
-                         expires_at=expiry(args.expires, snapshot.now))
+                         expires_at=expiry(args.expires, snapshot.now), scope=args.scope)
     except MarkError as exc:
         raise InputError(str(exc)) from None
     if args.dry_run:

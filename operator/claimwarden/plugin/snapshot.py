@@ -202,13 +202,16 @@ class Snapshot:
 
     @cached_property
     def records_by_device(self) -> dict[DeviceId, Obj]:
-        """A device's record; a person's or an annotation's before the signals' one (signals/records.py), which
-        `mark` must not take over and `clear` handles apart (plan_clear)."""
+        """A device's record; a person's or an annotation's before the signals' one (signals/records.py), and that
+        before one derived for a sibling (health/siblings.py): `mark` takes over neither and `clear` handles
+        them apart (plan_clear)."""
+        rank = {"signals": 1, "sibling": 2}
         out: dict[DeviceId, Obj] = {}
         for record in self.records:
             spec = record.get("spec") or {}
             key = (spec.get("driver", ""), spec.get("pool", ""), spec.get("device", ""))
-            if key not in out or spec.get("source") != "signals":
+            if key not in out or rank.get(str(spec.get("source")), 0) < rank.get(
+                    str((out[key].get("spec") or {}).get("source")), 0):
                 out[key] = record
         return out
 
