@@ -112,7 +112,6 @@ def test_marking_the_full_gpu_derives_one_record_per_partition_owned_by_the_orig
                                                     "controller": True}]
     assert body["metadata"]["labels"] == {siblings.ORIGIN_LABEL: "admin-gpu-0"}
     assert sync.patch == () and sync.delete == ()
-    assert sync.domains == {"admin-gpu-0": ("gpu-0", "gpu-0-partition-0", "gpu-0-partition-1")}
 
 
 def test_a_planned_pool_that_has_its_records_changes_nothing_also_after_a_restart() -> None:

@@ -125,8 +125,6 @@ class PoolSync:
     """(record name, spec fields) of derived records whose origin's effect, drain or reason changed."""
     delete: tuple[tuple[str, str], ...] = ()
     """(record name, uid) of derived records no origin asks for."""
-    domains: Mapping[str, tuple[str, ...]] | None = None
-    """Origin record name -> the devices of its fault domain (its own included), for its status."""
 
 
 def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
@@ -141,7 +139,6 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
     listed = set(domains)
     wanted: dict[str, tuple[dict[str, Any], str]] = {}  # name -> (body, origin uid)
     keep_origins: set[str] = set()  # origins whose device no current slice lists: their derived records stay
-    shown: dict[str, tuple[str, ...]] = {}
     existing: dict[str, dict[str, Any]] = {}
     for record in pool_records:
         ref = records.record_ref(record)
@@ -156,7 +153,6 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
         if ref not in listed:
             keep_origins.add(str(metadata(record).get("uid") or ""))
             continue
-        shown[name] = tuple(sorted(r.device for r in domains[ref]))
         if records.record_effect(record) not in EXTENDING_EFFECTS or \
                 record_scope(record, whole=ref in whole) != SCOPE_FAULT_DOMAIN:
             continue
@@ -166,7 +162,6 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
             wanted[body["metadata"]["name"]] = (body, uid)
     extending = {uid for _, uid in wanted.values()}
     complete = pool_complete(slices)
-    create: list[dict[str, Any]] = []
     patch: list[tuple[str, dict[str, Any]]] = []
     delete: list[tuple[str, str]] = []
     for name in sorted(existing):
@@ -189,7 +184,7 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
                 patch.append((name, fields))
     create = sorted((wanted[name][0] for name in set(wanted) - set(existing)),
                     key=lambda body: (body["spec"]["device"], body["metadata"]["name"]))
-    return PoolSync(create=tuple(create), patch=tuple(patch), delete=tuple(delete), domains=shown)
+    return PoolSync(create=tuple(create), patch=tuple(patch), delete=tuple(delete))
 
 
 def pool_complete(pool_slices: Iterable[Slice]) -> bool:
