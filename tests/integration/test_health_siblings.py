@@ -3,7 +3,7 @@
 One node, two GPUs, each offered whole and as two halves drawing from the GPU's counter set. Marking the whole
 gpu-0 evicts the pods on both of its halves, exactly once each, keeps every device of gpu-0 from new work while
 the mark stands (the records derived for its halves hold them), and clearing it frees them all. Marking one half
-of gpu-1 evicts only that half's pod.
+of gpu-1 evicts only that half's pod; a slice annotation on the whole gpu-1 then takes its other half's pod.
 
 Partitionable devices in their own counter slices need 1.35+; the module runs on 1.36 (the gate on by default)
 unless CLAIMWARDEN_KUBERNETES names 1.35 or later.
@@ -27,8 +27,10 @@ from .conftest import extra_lab, lab_kubernetes, service_account_kubeconfig
 from .health_helpers import (
     GROUP,
     PLURAL,
+    PREFIX,
     VERSION,
     DeviceWatch,
+    annotate,
     create_record,
     delete_record,
     holders,
@@ -164,8 +166,19 @@ def test_a_mark_of_the_whole_gpu_covers_its_partitions_and_a_mark_of_a_partition
         delete_record(api, "broken-half")
         wait_for("gpu-1-partition-0 free again", lambda: holders(api, POOL, "gpu-1-partition-0") == [], 60)
 
+        # The whole gpu-1 marked by a slice annotation (any source extends): the other half's pod goes too.
+        devices_slice = next(item.metadata.name for item in resource.list_resource_slice().items
+                             if item.spec.node_name == POOL and item.spec.devices)
+        annotate(api, devices_slice, {f"{PREFIX}gpu-1": "XID 48 (marked on the slice)"})
+        wait_gone(api, NAMESPACE, survivor, 60)
+        assert set(_derived(api)) == {"gpu-1-partition-0", "gpu-1-partition-1"}
+        annotate(api, devices_slice, {f"{PREFIX}gpu-1": None})
+        wait_for("gpu-1's derived records gone", lambda: not _derived(api), 60)
+        wait_for("gpu-1 and its halves free again", lambda: not any(
+            holders(api, POOL, device) for device in ("gpu-1", "gpu-1-partition-0", "gpu-1-partition-1")), 60)
+
         evictions = _evictions(audit)
-        assert evictions == Counter({"a": 1, "b": 1, victim: 1}), evictions
+        assert evictions == Counter({"a": 1, "b": 1, victim: 1, survivor: 1}), evictions
         print(f"siblings: the halves' pods evicted {evicted_in:.1f} s after the mark of gpu-0")
     finally:
         core.delete_namespace(NAMESPACE)
