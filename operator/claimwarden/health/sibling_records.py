@@ -58,7 +58,11 @@ class SiblingRecords:
     async def reconcile(self, key: Hashable) -> None:
         driver, pool = cast(PoolKey, key)
         pool_slices = self.cache.resource_slices_of_pool(driver, pool)
-        cached = self._pool_records((driver, pool), self.cache.records())
+        # From the records' device index, over the devices the pool lists: a scan of every record per event was
+        # quadratic in a burst of marks. Records of devices no slice lists are kept anyway (siblings.py rule 3),
+        # and the garbage collector removes derived records whose origin is gone.
+        devices = {device for item in pool_slices for device in records.slice_devices(item)}
+        cached = [r for device in sorted(devices) for r in self.cache.records_marking((driver, pool, device))]
         await self._report_bad_scopes(cached)
         sync = siblings.plan_pool(driver, pool, cached, pool_slices)
         if sync.delete:  # freeing devices: decided again on what the API server holds now
