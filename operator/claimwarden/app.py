@@ -302,7 +302,7 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
 async def slice_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
-        runtime.health.enqueue_slice(name)
+        runtime.health.enqueue_slice(name, dict(body))
     if runtime is not None and runtime.signals is not None:
         runtime.signals.enqueue_for_slice(name, dict(body), deleted=type == "DELETED")
 
@@ -310,7 +310,7 @@ async def slice_event(type: str | None, name: str, body: kopf.Body, memo: kopf.M
 async def record_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
     if runtime is not None and runtime.health is not None:
-        runtime.health.enqueue_record(name)
+        runtime.health.enqueue_record(name, dict(body))
     if runtime is not None and runtime.handoff is not None:
         runtime.handoff.enqueue(name)
     if runtime is not None and runtime.signals is not None:
@@ -463,6 +463,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             run_settings.health, claim_deletion_wakes_pods=scheduler_retries_on_claim_deletion(
                 run_settings.server_version)))
         runtime.add_loop(runtime.health.slice_queue, runtime.health.marks.reconcile)
+        runtime.add_loop(runtime.health.siblings.queue, runtime.health.siblings.reconcile)
         workers = run_settings.health.workers
         runtime.add_loop(runtime.health.record_queue, runtime.health.reconcile_record, workers)
         runtime.add_loop(runtime.health.eviction_queue, runtime.health.evictions.reconcile, workers)

@@ -171,12 +171,17 @@ def resource_slice(body: Mapping[str, Any]) -> Body:
                      "pool": {"name": pool.get("name"), "generation": pool.get("generation"),
                               "resourceSliceCount": pool.get("resourceSliceCount")},
                      **({"perDeviceNodeSelection": True} if spec.get("perDeviceNodeSelection") else {}),
+                     # The counter sets: a device's fault domain and whether it is whole (health/domains.py).
+                     **({"sharedCounters": copy.deepcopy(spec["sharedCounters"])} if spec.get("sharedCounters")
+                        else {}),
                      "devices": [_slice_device(d) for d in spec.get("devices") or []]}}
 
 
-SLICE_DEVICE_KEPT = ("name", "attributes", "capacity", "taints", "nodeName", "allowMultipleAllocations")
+SLICE_DEVICE_KEPT = ("name", "attributes", "capacity", "taints", "nodeName", "allowMultipleAllocations",
+                     "consumesCounters")
 """Of a slice's device: the taints (a driver's health signal), the attributes and capacity (a HealthPolicy's
-selector and DeviceClass route on them, an alert's UUID resolves through them) and per-device nodeName."""
+selector and DeviceClass route on them, an alert's UUID resolves through them), per-device nodeName, and the
+counters it consumes (its fault domain, health/domains.py)."""
 
 
 def _slice_device(device: Mapping[str, Any]) -> Body:
@@ -209,7 +214,8 @@ def device_class(body: Mapping[str, Any]) -> Body:
 
 def record(body: Mapping[str, Any]) -> Body:
     meta = body.get("metadata") or {}
-    kept = _meta(body, "generation")
+    # ownerReferences: a record derived for a sibling names its origin there (health/siblings.py).
+    kept = _meta(body, "generation", "ownerReferences")
     for field in ("labels", "annotations"):
         _with(kept, field, _picked(meta.get(field), prefixes=(RECORD_KEY_PREFIX,)))
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),

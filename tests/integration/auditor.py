@@ -58,6 +58,7 @@ RECORD_LABEL = "claimwarden.io/record"
 ANNOTATION_PREFIX = "unhealthy.claimwarden.io/"
 RULE_PREFIX = "claimwarden-"
 DRIVER_ANNOTATION_SOURCE = "annotation"
+SIBLING_SOURCE = "sibling"
 
 _LOG_ERROR = re.compile(r"\[(ERROR|CRITICAL)\s*\]|\"(levelname|severity|level)\":\s*\"(error|critical)\"", re.I)
 _LOG_RECORD_START = re.compile(r"^\[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}|^\{")
@@ -285,6 +286,13 @@ def leftovers(objects: Objects, *, existed_before: set[str] | None = None) -> li
             spec = record["spec"]
             problems.append(f"leftover: record {_meta(record).get('name')} (from an annotation) outlived its mark "
                             f"{ANNOTATION_PREFIX}{spec.get('device')} on pool {spec.get('pool')}")
+    record_uids = {str(_meta(r).get("uid")) for r in objects.records}
+    for record in objects.records:
+        if (record.get("spec") or {}).get("source") == SIBLING_SOURCE:
+            owners = [str(o.get("uid")) for o in _meta(record).get("ownerReferences") or []]
+            if not set(owners) & record_uids:
+                problems.append(f"leftover: record {_meta(record).get('name')} (derived for a sibling) outlived "
+                                "the record it was derived from")
     for rule in objects.taint_rules:
         name = str(_meta(rule).get("name", ""))
         if name.startswith(RULE_PREFIX) and name.removeprefix(RULE_PREFIX) not in record_names:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 from kubernetes import client
@@ -178,3 +180,30 @@ def evicts_from_a_marked_device(api: client.ApiClient, namespace: str, reason: s
         unmark(api, pool, device)
     wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)
     core.delete_namespace(namespace)
+
+
+class DeviceWatch:
+    """Lists the claims every 0.2 s in the background and keeps, for each claim outside `quarantine_namespace` seen
+    allocated one of `devices`, when it was first seen ("namespace/claim -> device"): a test asserts that none was
+    given out while it was marked."""
+
+    def __init__(self, api: client.ApiClient, pool: str, devices: tuple[str, ...], quarantine_namespace: str) -> None:
+        self.api, self.pool, self.devices, self.skip = api, pool, devices, f"{quarantine_namespace}/"
+        self.first_seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DeviceWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for device in self.devices:
+                for holder in holders(self.api, self.pool, device):
+                    if not holder.startswith(self.skip):
+                        self.first_seen.setdefault(f"{holder} -> {device}", time.monotonic())

@@ -57,3 +57,13 @@ def test_a_bad_drain_is_refused_with_the_syntax(api: client.ApiClient, drain: st
 def test_every_drain_mode_is_accepted(api: client.ApiClient) -> None:
     for drain in ("Immediate", "AllowCompletion", "EvictAfter=30m", "EvictAfter=1h30m", "EvictAfter=45s"):
         _create(api, drain=drain)
+
+
+def test_a_scope_is_device_or_fault_domain(api: client.ApiClient) -> None:
+    for scope in ("Device", "FaultDomain"):
+        _create(api, scope=scope)
+    with pytest.raises(client.ApiException) as refused:
+        _create(api, scope="Rack")
+    assert refused.value.status == 422
+    message = json.loads(refused.value.body)["message"]
+    assert "spec.scope" in message and '"Device", "FaultDomain"' in message

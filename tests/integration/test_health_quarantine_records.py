@@ -17,7 +17,6 @@ default): the quarantine claim alone keeps new work away.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -32,6 +31,7 @@ from .health_helpers import (
     GROUP,
     PLURAL,
     VERSION,
+    DeviceWatch,
     create_record,
     delete_record,
     device_of,
@@ -55,31 +55,6 @@ def two_device_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabStat
     options = NO_TAINT_RULES_FROM_1_37 if int(resolve_version(lab_kubernetes()).split(".")[1]) >= 37 else {}
     with extra_lab(tmp_path_factory, nodes=1, gpus_per_node=2, **options) as state:
         yield state
-
-
-class DeviceWatch:
-    """Lists the claims every 0.2 s in the background and keeps every claim outside claimwarden's namespace
-    seen allocated the device: the device must never be given out while it is marked."""
-
-    def __init__(self, api: client.ApiClient, device: str) -> None:
-        self.api, self.device = api, device
-        self.first_seen: dict[str, float] = {}  # claim -> when it was first seen allocated the device
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> DeviceWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            for holder in holders(self.api, POOL, self.device):
-                if not holder.startswith(f"{QUARANTINE_NAMESPACE}/"):
-                    self.first_seen.setdefault(holder, time.monotonic())
 
 
 def _quarantine_claims(api: client.ApiClient, device: str) -> list[str]:
@@ -131,7 +106,7 @@ def test_clearing_one_of_two_records_keeps_the_device_quarantined(two_device_lab
         wait_for("filler scheduled", lambda: _scheduled(core, namespace, "filler"), 60)
         assert device_of(api, namespace, "filler") == (POOL, "gpu-1")
 
-        with DeviceWatch(api, "gpu-0") as watch:
+        with DeviceWatch(api, POOL, ("gpu-0",), QUARANTINE_NAMESPACE) as watch:
             # Clearing the annotation removes its record; the admin's still marks the device.
             unmark(api, POOL, "gpu-0")
             wait_for("the annotation's record gone",

@@ -202,3 +202,13 @@ def test_read_from_returns_only_complete_new_lines(tmp_path: Path) -> None:
     assert lines == ["new"] and offset == 8
     path.write_text("new\n")  # shorter than the offset, as after a rotation: read from the start
     assert read_from(path, offset)[0] == ["new"]
+
+
+def test_a_record_derived_for_a_sibling_without_its_origin_is_a_leftover() -> None:
+    origin = _record("origin", "gpu-0", "manual")
+    origin["metadata"]["uid"] = "origin-uid"
+    derived = _record("derived", "gpu-0-partition-0", "sibling")
+    derived["metadata"]["ownerReferences"] = [{"kind": "UnhealthyDevice", "name": "origin", "uid": "origin-uid"}]
+    assert leftovers(Objects(records=[origin, derived])) == []
+    assert leftovers(Objects(records=[derived])) == [
+        "leftover: record derived (derived for a sibling) outlived the record it was derived from"]

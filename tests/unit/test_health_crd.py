@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from claimwarden.health.records import EFFECTS, GROUP, KIND, PLURAL, SOURCE_MANUAL, VERSION
+from claimwarden.health.siblings import SCOPES
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "unhealthydevices.claimwarden.io.yaml"
 
@@ -63,7 +64,8 @@ def test_spec_required_fields(schema: dict[str, Any]) -> None:
     spec = schema["properties"]["spec"]
     assert sorted(spec["required"]) == ["device", "driver", "effect", "pool", "reason"]
     assert set(spec["properties"]) == {"driver", "pool", "device", "effect", "reason", "source", "expiresAt", "drain",
-                                      "recommendedAction"}
+                                      "recommendedAction", "scope"}
+    assert tuple(spec["properties"]["scope"]["enum"]) == SCOPES and "default" not in spec["properties"]["scope"]
 
 
 def test_spec_field_constraints(schema: dict[str, Any]) -> None:
@@ -122,8 +124,8 @@ def test_status_conditions_are_standard(schema: dict[str, Any]) -> None:
 
 def test_printer_columns(version: dict[str, Any]) -> None:
     columns = {column["name"]: column for column in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Drain", "Repair", "Pending", "Evicted",
-                             "Age"]
+    assert list(columns) == ["Driver", "Pool", "Device", "Effect", "Reason", "Drain", "Repair", "Scope", "Domain",
+                             "Pending", "Evicted", "Age"]
     assert (columns["Repair"]["jsonPath"], columns["Repair"]["priority"]) == (".status.recommendedAction", 1)
     assert columns["Driver"]["jsonPath"] == ".spec.driver"
     assert columns["Driver"]["priority"] == 1
@@ -135,8 +137,11 @@ def test_printer_columns(version: dict[str, Any]) -> None:
     assert columns["Evicted"]["jsonPath"] == ".status.podsEvicted"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert columns["Drain"] == {"name": "Drain", "type": "string", "jsonPath": ".spec.drain", "priority": 1}
+    assert columns["Scope"] == {"name": "Scope", "type": "string", "jsonPath": ".spec.scope", "priority": 1}
+    assert columns["Domain"] == {"name": "Domain", "type": "integer", "jsonPath": ".status.faultDomainSize",
+                                 "priority": 1}
     assert all("priority" not in column for name, column in columns.items()
-               if name not in ("Driver", "Drain", "Repair"))
+               if name not in ("Driver", "Drain", "Repair", "Scope", "Domain"))
 
 
 def _accepts(schema: dict[str, Any], field: str, value: str) -> bool:

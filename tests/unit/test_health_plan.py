@@ -520,3 +520,15 @@ def test_the_scheduler_retries_pending_pods_on_a_claim_deletion_from_1_37(versio
     """kube-scheduler 1.37 registers claim deletions for its DRA plugin (1.34-1.36: additions and updates only):
     rule 4 of the quarantine trap then keeps generated claims on a quarantined device."""
     assert scheduler_retries_on_claim_deletion(version) is retries
+
+
+def test_every_consumer_of_a_device_that_allows_multiple_allocations_is_evicted() -> None:
+    # KEP-5075: several claims hold one device, each result with its shareID and consumed capacity.
+    claims = [make_claim(f"share-{n}", reserved=[(f"pod-{n}", f"u{n}")]) for n in range(3)]
+    for n, claim in enumerate(claims):
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        result.update(shareID=f"00000000-0000-0000-0000-00000000000{n}", consumedCapacity={"memory": "10Gi"})
+    pods = pods_of(*(make_pod(f"pod-{n}", uid=f"u{n}", claims={"gpu": f"share-{n}"}) for n in range(3)))
+    plan = plan_for(make_record(), claims, pods)
+    assert [(e.pod, e.claim) for e in plan.evict] == [("pod-0", "share-0"), ("pod-1", "share-1"), ("pod-2", "share-2")]
+    assert plan.holders == ("ns/share-0", "ns/share-1", "ns/share-2")

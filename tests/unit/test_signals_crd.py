@@ -12,6 +12,7 @@ import yaml
 from cel_expr_python import cel
 
 from claimwarden.health.records import EFFECTS
+from claimwarden.health.siblings import SCOPES
 from claimwarden.signals import observations as obs
 from claimwarden.signals import policy as hp
 
@@ -58,6 +59,7 @@ def test_enums_and_limits_match_the_parser(spec: dict[str, Any], rule: dict[str,
     props = rule["properties"]
     assert tuple(props["source"]["enum"]) == obs.SOURCES
     assert tuple(props["effect"]["enum"]) == EFFECTS
+    assert tuple(props["scope"]["enum"]) == SCOPES
     assert tuple(props["mode"]["enum"]) == hp.MODES
     assert props["mode"]["default"] == hp.MODE_SHADOW
     assert spec["properties"]["rules"]["maxItems"] == hp.RULES_MAX

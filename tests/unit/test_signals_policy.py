@@ -110,6 +110,8 @@ def test_a_full_policy_parses() -> None:
      "spec.rules[1].name: 'a' is used by an earlier rule"),
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None", "drain": "Soon"}]},
      "spec.rules[0].drain: 'Soon' is not Immediate, AllowCompletion or EvictAfter=<duration>"),
+    ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None", "scope": "Rack"}]},
+     "spec.rules[0].scope: 'Rack' is not one of Device, FaultDomain"),
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None",
                  "workloadFault": {"window": "10m"}}]}, "spec.rules[0].workloadFault.devices: is required"),
     ({"pools": ["ra*ck"]}, "spec.pools[0]: 'ra*ck': '*' is allowed only at the end"),

@@ -10,8 +10,9 @@ Modules, by what they decide or do:
 - ``approval``: pure decision on which approvals count (an approver's, for the record's current
   generation, while the admission policy is installed); ``admission`` reads that policy every 15 s.
 - ``marks``: slice annotations -> UnhealthyDevice records.
-- ``domains``: pure: a device's fault domain, the devices that share its counter sets or its parent (not
-  used by the controller yet).
+- ``domains``: pure: a device's fault domain, the devices that share its counter sets or its parent, and
+  which devices are whole; ``siblings``: pure: the records derived for the siblings of a marked whole
+  device (or of a mark with scope FaultDomain); ``sibling_records``: keeps them in step, one pool at a time.
 - ``controller``: one record at a time: quarantine, status, which pods to evict and when.
 - ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
 - ``evictions``: one pod at a time, through the Eviction API, after the drain mode, the breaker and

@@ -32,7 +32,7 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import approval, breaker, groups, plan, records
+from . import approval, breaker, groups, plan, records, siblings
 from .admission import AdmissionPolicies
 from .breaker_view import BreakerView
 from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
@@ -40,6 +40,7 @@ from .evictions import Evictions
 from .marks import Marks
 from .quarantine import Quarantine
 from .records import DeviceRef
+from .sibling_records import SiblingRecords
 from .taint_rules import UnselectiveRules
 from .tolerations import copies_tolerations
 from .wave import HOLD_RECHECK, Wave
@@ -99,6 +100,7 @@ class HealthController:
         self.admission = AdmissionPolicies(kube, on_change=self._approvals_changed)
         self.marks = Marks(cache=cache, kube=kube, post_event=self._event)
         self.quarantine = Quarantine(cache=cache, kube=kube, namespace=namespace)
+        self.siblings = SiblingRecords(cache=cache, kube=kube, post_event=self._event)
         self.evictions = Evictions(
             kube=kube, cache=cache, post_event=self._event, on_evicted=self.record_queue.add_after,
             breaker_settings=self.settings.breaker,
@@ -147,14 +149,18 @@ class HealthController:
 
     # --- entry points from events -----------------------------------------------------------
 
-    def enqueue_slice(self, name: str) -> None:
+    def enqueue_slice(self, name: str, body: Body | None = None) -> None:
         self.marks.queue.add(name)
+        if body is not None:
+            self.siblings.enqueue_slice(body)
 
-    def enqueue_record(self, name: str) -> None:
+    def enqueue_record(self, name: str, body: Body | None = None) -> None:
         record = self.cache.record(name)
         if record is not None and self._records_seeded:
             self._note_record(record)
         self.record_queue.add(name)
+        if body is not None:  # (also when it is gone: its siblings' derived records go with it)
+            self.siblings.enqueue_record(body)
 
     def enqueue_for_claim(self, namespace: str, name: str, body: Body, *, deleted: bool = False) -> None:
         """A claim changed: look again at records whose device it holds or held."""
@@ -561,6 +567,7 @@ class HealthController:
         seconds, so that one write carries the evictions and the quarantine claim rather than one each."""
         name = record["metadata"]["name"]
         effect = records.record_effect(record)
+        ref = records.record_ref(record) or DeviceRef("", "", "")
         status = record.get("status") or {}
         written = self._status_written.get(name)
         if written is not None and resource_version(record) <= written[0]:
@@ -611,6 +618,7 @@ class HealthController:
             "deviceHolders": sorted(record_plan.holders),
             "deviceTaintRule": rule,
             "conditions": conditions,
+            **siblings.domain_status(self.siblings.domain_of(ref), status, ref),
         }
         if self.evictions.ahead is not None:  # the breaker's window and the count are written ahead (window.py)
             del desired["podsEvicted"], desired["recentEvictions"]

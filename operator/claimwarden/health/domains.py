@@ -19,6 +19,11 @@ replaced. Malformed entries (a consumption without a set name, a device without 
 than guessed at; a set that devices name but no slice of the pool publishes still groups its devices (the
 driver says they share it), and ``problems`` reports it.
 
+A **whole device** is the one a fault of which is a fault of its whole domain (the GPU, not one of its
+partitions): another device's parent attribute names its identity, or it draws, from every counter set it
+uses, every counter the set publishes at the set's full value (dra-example-driver's full GPU). A device alone
+in its domain has no siblings either way; a partition is a device with siblings that is not whole.
+
 Everything here is pure: plain ResourceSlice dicts in, DeviceRefs out, in one pass over the devices plus the
 size of the domains (a pool of 8 GPUs with 64 partitions each is 520 devices, not 520² comparisons).
 """
@@ -28,8 +33,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
+from ..quantities import parse_quantity
 from .records import DeviceRef
 
 PARENT_ATTRIBUTES: tuple[str, ...] = ("parentUUID",)
@@ -53,7 +60,7 @@ _GroupKey = tuple[str, str, str, str]  # driver, pool, kind ("set" or "parent"),
 def fault_domains(pool_slices: Iterable[Slice], *, rules: DomainRules = DomainRules()
                   ) -> dict[DeviceRef, frozenset[DeviceRef]]:
     """Every published device's fault domain (always including the device itself)."""
-    groups_of = _device_groups(_current_slices(pool_slices), rules)
+    groups_of = _device_groups(current_slices(pool_slices), rules)
     members: dict[_GroupKey, set[DeviceRef]] = defaultdict(set)
     for ref, keys in groups_of.items():
         for key in keys:
@@ -77,9 +84,68 @@ def fault_domain(ref: DeviceRef, pool_slices: Iterable[Slice], *, rules: DomainR
     return fault_domains(relevant, rules=rules).get(ref, frozenset((ref,)))
 
 
+def whole_devices(pool_slices: Iterable[Slice], *, rules: DomainRules = DomainRules()) -> frozenset[DeviceRef]:
+    """The devices whose fault is a fault of their whole domain: a parent named by another device's parent
+    attribute, or a device that takes all of every counter set it draws from (see the module docstring).
+    Counters that are malformed (no value, not a quantity) make a device not whole rather than guessed."""
+    current = current_slices(pool_slices)
+    sets: dict[tuple[str, str, str], dict[str, Decimal | None]] = {}
+    for item in current:
+        driver, pool = _pool_key(item)
+        for counter_set in _dicts((item.get("spec") or {}).get("sharedCounters")):
+            if isinstance(counter_set.get("name"), str) and counter_set["name"]:
+                sets[(driver, pool, counter_set["name"])] = _counter_values(counter_set.get("counters"))
+    named_parents: set[tuple[str, str, str]] = set()
+    devices: list[tuple[DeviceRef, Mapping[str, Any]]] = []
+    for item in current:
+        driver, pool = _pool_key(item)
+        for device in _dicts((item.get("spec") or {}).get("devices")):
+            if isinstance(device.get("name"), str) and device["name"]:
+                devices.append((DeviceRef(driver, pool, device["name"]), device))
+                parent = _attribute(_mapping(device.get("attributes")), rules.parent_attributes)
+                if parent is not None:
+                    named_parents.add((driver, pool, parent))
+    whole = set()
+    for ref, device in devices:
+        identity = _attribute(_mapping(device.get("attributes")), rules.identity_attributes)
+        named = identity is not None and (ref.driver, ref.pool, identity) in named_parents
+        if named or _takes_all_counters(ref, device, sets):
+            whole.add(ref)
+    return frozenset(whole)
+
+
+def _takes_all_counters(ref: DeviceRef, device: Mapping[str, Any],
+                        sets: Mapping[tuple[str, str, str], Mapping[str, Decimal | None]]) -> bool:
+    consumptions = _dicts(device.get("consumesCounters"))
+    if not consumptions:
+        return False
+    for consumption in consumptions:
+        published = sets.get((ref.driver, ref.pool, str(consumption.get("counterSet") or "")))
+        taken = _counter_values(consumption.get("counters"))
+        if not published or taken != published or None in published.values():
+            return False
+    return True
+
+
+def _counter_values(counters: Any) -> dict[str, Decimal | None]:
+    """``{"memory": {"value": "40Gi"}}`` -> ``{"memory": Decimal(42949672960)}``; None for a malformed value."""
+    values: dict[str, Decimal | None] = {}
+    for name, counter in _mapping(counters).items():
+        raw = counter.get("value") if isinstance(counter, Mapping) else None
+        try:
+            values[str(name)] = parse_quantity(raw) if isinstance(raw, str) else None
+        except ValueError:
+            values[str(name)] = None
+    return values
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def problems(pool_slices: Iterable[Slice]) -> list[str]:
     """What is wrong in the published counter sets, one sentence each (for an Event or a log line)."""
-    current = _current_slices(pool_slices)
+    current = current_slices(pool_slices)
     published: dict[_PoolKey, set[str]] = defaultdict(set)
     named: dict[_PoolKey, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     found: list[str] = []
@@ -105,7 +171,7 @@ def problems(pool_slices: Iterable[Slice]) -> list[str]:
     return found
 
 
-def _current_slices(pool_slices: Iterable[Slice]) -> list[Slice]:
+def current_slices(pool_slices: Iterable[Slice]) -> list[Slice]:
     """The slices of each pool's newest generation; slices without a driver or pool name are dropped."""
     by_pool: dict[_PoolKey, list[tuple[int, Slice]]] = defaultdict(list)
     for item in pool_slices:

@@ -32,6 +32,8 @@ EFFECTS = ("NoExecute", "NoSchedule", "None")
 DEFAULT_EFFECT = "NoExecute"
 SOURCE_ANNOTATION = "annotation"
 SOURCE_MANUAL = "manual"
+SOURCE_SIBLING = "sibling"
+"""A record the leader derived for a sibling of a marked whole device (siblings.py)."""
 SLICE_LABEL = "claimwarden.io/slice"
 RECORD_LABEL = "claimwarden.io/record"
 
@@ -402,9 +404,14 @@ def plan_slice(slice_: dict[str, Any], records: Mapping[str, dict[str, Any]],
 
 
 def records_by_ref(records: Mapping[str, dict[str, Any]]) -> dict[DeviceRef, tuple[str, dict[str, Any]]]:
-    """The records keyed by the device they name (the first name in sorted order wins a tie)."""
+    """The records keyed by the device they name (the first name in sorted order wins a tie).
+
+    Records derived for siblings are left out: they go with their origin, and a mark set on the device
+    itself must then stay (it gets a record of its own)."""
     index: dict[DeviceRef, tuple[str, dict[str, Any]]] = {}
     for name in sorted(records):
+        if record_source(records[name]) == SOURCE_SIBLING:
+            continue
         ref = record_ref(records[name])
         if ref is not None and ref not in index:
             index[ref] = (name, records[name])
@@ -415,7 +422,7 @@ def _existing_record(ref: DeviceRef, records: Mapping[str, dict[str, Any]],
                      by_ref: Mapping[DeviceRef, tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]] | None:
     name = record_name(ref)
     record = records.get(name)
-    if record is not None and record_ref(record) == ref:
+    if record is not None and record_ref(record) == ref and record_source(record) != SOURCE_SIBLING:
         return name, record
     return by_ref.get(ref)
 

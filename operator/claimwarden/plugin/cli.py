@@ -77,6 +77,9 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     mark.add_argument("--effect", default="NoExecute", choices=("NoExecute", "NoSchedule", "None"),
                       help="NoExecute evicts, NoSchedule keeps new pods away, None is a dry run (default: NoExecute)")
     mark.add_argument("--expires", help="when the mark lapses: a duration (30m, 12h, 7d) or an RFC 3339 date-time")
+    mark.add_argument("--scope", choices=("Device", "FaultDomain"),
+                      help="FaultDomain: the device and its siblings (devices sharing its counter sets or parent); "
+                           "Device: the device alone (default: FaultDomain for a whole device, Device for a partition)")
     mark.add_argument("--dry-run", action="store_true",
                       help="write nothing; show which pods a NoExecute mark would evict now")
     _common(mark, output=("json", "yaml"))
@@ -193,7 +196,7 @@ def _explanation_data(explanation: Any) -> dict[str, Any]:
         "claims": [{
             "claim": c.ref, "podClaim": c.name, "source": c.source, "allocated": c.allocated,
             "devices": [f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in c.results],
-            "reservedFor": c.reserved_for, "problem": c.problem,
+            "reservedFor": c.reserved_for, "problem": c.problem, "siblings": c.siblings,
             "requests": [[{"request": f.req.label, "class": f.req.class_name, "wants": f.req.wants,
                            "blockedAt": f.blocked_at,
                            "funnel": [{"step": r.step, "left": r.left, "detail": r.detail} for r in f.rows]}
@@ -215,6 +218,8 @@ def _explanation_text(explanation: Any, *, wide: bool) -> str:
                                 for r in claim.results)
             lines.append(f"claim {claim.ref} (from {claim.source}): allocated: {devices or 'no devices'}")
             lines.append(f"  reserved for: {', '.join(claim.reserved_for) or 'nobody'}")
+            lines += [f"  siblings of {device} (its fault domain): {', '.join(names)}"
+                      for device, names in claim.siblings.items()]
             continue
         lines.append(f"claim {claim.ref} (from {claim.source}): not allocated" + (
             f" ({claim.problem})" if claim.problem else ""))
@@ -284,9 +289,10 @@ def _devices(cluster: Any, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_OK
     wide = args.output == "wide"
-    headers = ["NODE", "POOL", "DEVICE", "MODEL", "STATE", "HOLDER"] + (["DRIVER", "CLAIM", "REASON"] if wide else [])
+    headers = ["NODE", "POOL", "DEVICE", "MODEL", "STATE", "HOLDER"] + (
+        ["DRIVER", "CLAIM", "SIBLINGS", "REASON"] if wide else [])
     table = [[r.node, r.pool, r.device, r.model, r.state, r.holder or "-"]
-             + ([r.driver, r.claim or "-", r.reason or "-"] if wide else []) for r in selected]
+             + ([r.driver, r.claim or "-", r.siblings or "-", r.reason or "-"] if wide else []) for r in selected]
     print(_table(headers, table))
     return EXIT_OK
 
@@ -303,7 +309,7 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
     try:
         ref = resolve(snapshot, args.device)
         plan = plan_mark(snapshot, ref, reason=args.reason, effect=args.effect,
-                         expires_at=expiry(args.expires, snapshot.now))
+                         expires_at=expiry(args.expires, snapshot.now), scope=args.scope)
     except MarkError as exc:
         raise InputError(str(exc)) from None
     if args.dry_run:

@@ -27,6 +27,8 @@ class DeviceRow:
     holder: str
     claim: str
     reason: str
+    siblings: str = ""
+    """The other devices of its fault domain, comma-separated (a mark of the whole device takes them along)."""
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -91,7 +93,8 @@ def rows(snapshot: Snapshot) -> list[DeviceRow]:
         node = device.node_name or ("<all nodes>" if device.node_spec.get("allNodes") else "<selector>")
         out.append(DeviceRow(node, device.driver, device.pool, device.name, device.model, state,
                              ",".join(pods), ",".join(h.ref for h in (users or holders)),
-                             str(((record or {}).get("spec") or {}).get("reason") or "")))
+                             str(((record or {}).get("spec") or {}).get("reason") or ""),
+                             ",".join(snapshot.fault_domains.get(device.id, []))))
     return out
 
 

@@ -384,15 +384,17 @@ def _cel_kind(exc: CelError) -> str:
 
 
 def counters_fit(snapshot: Snapshot, device: Device, chosen: list[Device]) -> bool:
-    """1.34 partitionable devices: counters per slice, minus allocated and chosen consumption."""
-    slice_spec = device.slice_spec
-    available: dict[tuple[str, str], float] = {}
+    """Partitionable devices: the counter sets of the device's pool, which 1.35+ may publish in other slices of
+    the pool than the device's, minus what the pool's allocated and chosen devices consume."""
     from .cel import parse_quantity
-    for counter_set in slice_spec.get("sharedCounters") or []:
-        for name, counter in (counter_set.get("counters") or {}).items():
-            available[(counter_set.get("name", ""), name)] = float(parse_quantity(str(counter.get("value", "0"))))
-    users = [d for d in snapshot.devices if d.slice_name == device.slice_name and d.id in snapshot.holders]
-    users += [d for d in chosen if d.slice_name == device.slice_name]
+    pool = (device.driver, device.pool)
+    available: dict[tuple[str, str], float] = {}
+    for slice_ in snapshot.pool_slices(*pool):
+        for counter_set in (slice_.get("spec") or {}).get("sharedCounters") or []:
+            for name, counter in (counter_set.get("counters") or {}).items():
+                available[(counter_set.get("name", ""), name)] = float(parse_quantity(str(counter.get("value", "0"))))
+    users = [d for d in snapshot.devices if (d.driver, d.pool) == pool and d.id in snapshot.holders]
+    users += [d for d in chosen if (d.driver, d.pool) == pool]
     for user in [*users, device]:
         for consumption in user.body.get("consumesCounters") or []:
             for name, counter in (consumption.get("counters") or {}).items():
@@ -432,6 +434,9 @@ class ClaimReport:
     reserved_for: list[str] = field(default_factory=list)
     funnels: list[list[Funnel]] = field(default_factory=list)
     problem: str = ""
+    siblings: dict[str, list[str]] = field(default_factory=dict)
+    """Allocated device ("driver/pool/device") -> the other devices of its fault domain (a mark of the whole
+    device takes them along, README "Fault domains")."""
 
 
 @dataclass
@@ -689,6 +694,10 @@ def _explain(snapshot: Snapshot, target: str, pod: Obj | None, entries: list[tup
         report.reserved_for = [f"{e.get('resource')}/{e.get('name')}" for e in status.get("reservedFor") or []]
         if allocation:
             report.results = list((allocation.get("devices") or {}).get("results") or [])
+            for result in report.results:
+                device_id = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+                if snapshot.fault_domains.get(device_id):
+                    report.siblings["/".join(device_id)] = snapshot.fault_domains[device_id]
         elif (claim.get("metadata") or {}).get("deletionTimestamp"):
             report.problem = "the claim is being deleted"
         else:

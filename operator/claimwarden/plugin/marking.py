@@ -66,27 +66,36 @@ class MarkPlan:
     patch: Obj | None = None
 
 
-def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, expires_at: str | None) -> MarkPlan:
+def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, expires_at: str | None,
+              scope: str | None = None) -> MarkPlan:
     """A new manual record, or a patch of the existing manual record of the device."""
+    from claimwarden.health.siblings import SCOPES
+
     if effect not in records.EFFECTS:
         raise MarkError(f"--effect {effect!r}: choose one of {', '.join(records.EFFECTS)}")
+    if scope is not None and scope not in SCOPES:
+        raise MarkError(f"--scope {scope!r}: choose one of {', '.join(SCOPES)}")
     if not reason.strip():
         raise MarkError("--reason is empty; say why the device is unhealthy (it shows in events and records)")
     spec: dict[str, Any] = {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "effect": effect,
                             "reason": reason[: records.REASON_MAX], "source": records.SOURCE_MANUAL}
     if expires_at:
         spec["expiresAt"] = expires_at
+    if scope is not None:
+        spec["scope"] = scope
     existing = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
     from claimwarden.signals.records import is_signal_record
 
-    if existing is None or is_signal_record(existing):  # the signals' record is theirs: a person's mark is apart
+    # The signals' record is theirs and a derived one its origin's: a person's mark is apart.
+    if existing is None or is_signal_record(existing) or records.record_source(existing) == records.SOURCE_SIBLING:
         return MarkPlan(create={"apiVersion": records.API_VERSION, "kind": records.KIND,
                                 "metadata": {"name": records.record_name(ref)}, "spec": spec})
     if records.is_from_annotation(existing):
         raise MarkError(f"{ref} is already marked by a slice annotation (record "
                         f"{existing['metadata']['name']}); change or remove the annotation instead")
     return MarkPlan(patch_name=existing["metadata"]["name"],
-                    patch={"spec": {k: spec[k] for k in ("effect", "reason")} | {"expiresAt": expires_at}})
+                    patch={"spec": {k: spec[k] for k in ("effect", "reason")}
+                           | {"expiresAt": expires_at, "scope": scope}})
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,13 @@ def plan_clear(snapshot: Snapshot, ref: DeviceRef, *, verified: bool = False) ->
                             "made from health signals")
         return ClearPlan(verify_record=signal["metadata"]["name"])
     others = [r for r in snapshot.records if r is not signal and records.record_ref(r) == ref]
+    derived = [r for r in others if records.record_source(r) == records.SOURCE_SIBLING]
+    others = [r for r in others if r not in derived]
+    if derived and not others and signal is None:
+        origins = ", ".join(sorted(str(o.get("name")) for r in derived
+                                   for o in (r.get("metadata") or {}).get("ownerReferences") or []))
+        raise MarkError(f"{ref} is marked as a sibling of a marked whole device (record {origins}); clear that "
+                        "device, or mark it with scope Device")
     if signal is not None and not others:
         raise MarkError(f"{ref} was marked from health signals (record {signal['metadata']['name']}); after checking "
                         "the device, clear it with --verified")

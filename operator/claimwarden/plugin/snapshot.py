@@ -132,6 +132,32 @@ class Snapshot:
         return out
 
     @cached_property
+    def _current_pools(self) -> dict[tuple[str, str], list[Obj]]:
+        from claimwarden.health.domains import current_slices
+
+        pools: dict[tuple[str, str], list[Obj]] = {}
+        current = {id(slice_) for slice_ in current_slices(self.slices)}
+        for slice_ in (s for s in self.slices if id(s) in current):
+            spec = slice_.get("spec") or {}
+            pools.setdefault((spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")), []).append(slice_)
+        return pools
+
+    def pool_slices(self, driver: str, pool: str) -> list[Obj]:
+        """The slices of the newest generation of one pool (counter sets may sit in any of them from 1.35)."""
+        return self._current_pools.get((driver, pool), [])
+
+    @cached_property
+    def fault_domains(self) -> dict[DeviceId, list[str]]:
+        """Each device's siblings: the other devices of its fault domain (health/domains.py), by name."""
+        from claimwarden.health.domains import fault_domains
+
+        found: dict[DeviceId, list[str]] = {}
+        for slices in self._current_pools.values():
+            for ref, domain in fault_domains(slices).items():
+                found[(ref.driver, ref.pool, ref.device)] = sorted(r.device for r in domain if r != ref)
+        return found
+
+    @cached_property
     def device_index(self) -> dict[DeviceId, Device]:
         return {device.id: device for device in self.devices}
 
@@ -176,13 +202,16 @@ class Snapshot:
 
     @cached_property
     def records_by_device(self) -> dict[DeviceId, Obj]:
-        """A device's record; a person's or an annotation's before the signals' one (signals/records.py), which
-        `mark` must not take over and `clear` handles apart (plan_clear)."""
+        """A device's record; a person's or an annotation's before the signals' one (signals/records.py), and that
+        before one derived for a sibling (health/siblings.py): `mark` takes over neither and `clear` handles
+        them apart (plan_clear)."""
+        rank = {"signals": 1, "sibling": 2}
         out: dict[DeviceId, Obj] = {}
         for record in self.records:
             spec = record.get("spec") or {}
             key = (spec.get("driver", ""), spec.get("pool", ""), spec.get("device", ""))
-            if key not in out or spec.get("source") != "signals":
+            if key not in out or rank.get(str(spec.get("source")), 0) < rank.get(
+                    str((out[key].get("spec") or {}).get("source")), 0):
                 out[key] = record
         return out
 

@@ -98,6 +98,8 @@ class Decision:
     history: History       # what to store next
     recheck_at: datetime | None = None
     """When the decision may change with no new observation (a PodStatus healthy hold ending): decide again then."""
+    scope: str | None = None
+    """The deciding rule's scope (None: the record's default, health/siblings.py)."""
     orphaned: bool = False
     """The policy or rule that made the current mark is gone (policy edited or deleted, another policy
     routed, a CEL error, no policy at all): the mark holds its last effect until a verified clear."""
@@ -328,7 +330,8 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         return Decision(effect=effect, would=would, policy=policy.name, rule=rule.name, mode=rule.mode,
                         why=_why(verified_note + why), escalated=escalated and rule.mode == MODE_ENFORCE,
                         recovered=recovered,
-                        workload_fault=workload, drain=rule.drain, history=history, recheck_at=recheck)
+                        workload_fault=workload, drain=rule.drain, history=history, recheck_at=recheck,
+                        scope=rule.scope)
 
     def mode_words(fire: _Fire, effect: str) -> str:
         return f"{effect}" if fire.rule.mode == MODE_ENFORCE else f"Shadow: would {effect}, does nothing"

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import EFFECTS, parse_drain
+from claimwarden.health.siblings import SCOPES
 from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
 from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_NODE, SOURCE_POD, SOURCES, Observation
 from claimwarden.timestamps import format_rfc3339
@@ -89,6 +90,9 @@ class Rule:
     drain: str | None = None
     recommended_action: str | None = None
     """What a repair system should do about a device this rule marks (handoff/actions.py); None: the signal's."""
+    scope: str | None = None
+    """The record's spec.scope: FaultDomain for faults that take the whole device (an XID whose recovery resets
+    the GPU), Device for the device alone; None leaves it to the device (health/siblings.py)."""
 
     def matches(self, o: Observation) -> bool:
         """The observation is of this rule's source and signal, with one of its values (any when none)."""
@@ -222,12 +226,16 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
     action = body.get("recommendedAction")
     if action is not None and action not in REPAIR_ACTIONS:
         errors.add(f"{where}.recommendedAction", f"{action!r} is not one of {', '.join(REPAIR_ACTIONS)}")
+    scope = body.get("scope")
+    if scope is not None and scope not in SCOPES:
+        errors.add(f"{where}.scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
     if len(errors) > before:
         return None
     return Rule(name=str(name), source=str(source), signal=str(signal), values=values, effect=str(effect),
                 mode=str(mode), threshold=threshold, workload_fault=workload_fault,
                 drain=str(drain) if drain is not None else None,
-                recommended_action=str(action) if action is not None else None)
+                recommended_action=str(action) if action is not None else None,
+                scope=str(scope) if scope is not None else None)
 
 
 def parse_policy(body: Mapping[str, Any]) -> tuple[Policy | None, list[str]]:

@@ -38,18 +38,20 @@ def record_body(ref: DeviceRef, spec: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": records.API_VERSION, "kind": records.KIND,
         "metadata": {"name": signal_record_name(ref), "labels": {SOURCE_LABEL: SOURCE}},
-        "spec": {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "source": SOURCE, **spec},
+        "spec": {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "source": SOURCE,
+                 **{key: value for key, value in spec.items() if value is not None}},
     }
 
 
 def desired_spec(decision: decide.Decision) -> dict[str, Any]:
-    """spec.effect, spec.reason and spec.drain of a decision.
+    """spec.effect, spec.reason, spec.drain and spec.scope of a decision (a scope of None removes the field in a
+    merge patch and is left out of a new record).
 
     The reason names who decided, not the decision's wording (that is status.decision.why): a spec change bumps
     metadata.generation, and an approval counts only for the generation it was given for, so a reason that
     followed every new observation would make approved evictions wait for a new approval."""
     return {"effect": decision.effect, "reason": stable_reason(decision)[:records.REASON_MAX],
-            "drain": decision.drain or records.DRAIN_IMMEDIATE}
+            "drain": decision.drain or records.DRAIN_IMMEDIATE, "scope": decision.scope}
 
 
 def stable_reason(decision: decide.Decision) -> str:
