@@ -189,3 +189,32 @@ def test_an_explicit_action_wins_over_a_node_condition(asked: str) -> None:
     assert not externalfaults.node_scoped(record, found, node_condition=True)
     assert externalfaults.node_scoped(_record("gpu-1", "u1", action=None), Recommendation(actions.NONE, "x"),
                                       node_condition=True)
+
+
+def test_a_poll_of_a_handed_off_record_does_not_look_at_every_record() -> None:
+    """Each record with an open request is read again every poll period: at ten thousand records, a scan of all of
+    them per poll is quadratic. Only a fault that may open a request looks at the node's other records."""
+    record, other = _record("gpu-1", "u1"), _record("gpu-2", "u2")
+    cache = FakeCache(record)
+
+    class Counting(FakeCache):
+        scans = 0
+
+        def records(self) -> list[dict[str, Any]]:
+            Counting.scans += 1
+            return super().records()
+
+    async def scenario() -> None:
+        controller = _controller(cache, FakeKube())
+        await controller.reconcile(record["metadata"]["name"])
+        counting = Counting(record, other)
+        controller.cache = cast(Any, counting)
+        controller._listed_at = float("-inf")
+        await controller.reconcile(record["metadata"]["name"])  # covered: a poll
+        await controller.reconcile(other["metadata"]["name"])   # the node's request is open: waits
+        assert Counting.scans == 0
+
+    asyncio.run(scenario())
+    open_request = {"metadata": {"name": "x"}, "spec": {"healthEvent": {"nodeName": NODE}}}
+    assert not externalfaults.may_open("u9@t", NODE, [open_request])
+    assert externalfaults.may_open("u9@t", "node-b", [open_request])

@@ -209,13 +209,15 @@ class HandoffController:
                 self._served, self._served_checked, self._listing = None, time.monotonic(), None
                 self.queue.add_after(fault.record, self.settings.poll_seconds)
                 return None
-            faults = [f for r in self.cache.records() if (f := self._fault(r, on_node=fault.node)) is not None]
-            node_plan = externalfaults.plan_node(fault.node, faults, listing, now())
-            if node_plan.create is not None:
-                keys = externalfaults.covered_keys(node_plan.create)
-                await self._create(node_plan.create, [r for r in self.cache.records()
-                                                      if externalfaults.fault_key(r) in keys])
-                listing = await self._external_faults(fresh=True)
+            # Every record is looked at only when a request may open: not at each poll of a handed-off record.
+            if externalfaults.may_open(fault.key, fault.node, listing):
+                faults = [f for r in self.cache.records() if (f := self._fault(r, on_node=fault.node)) is not None]
+                node_plan = externalfaults.plan_node(fault.node, faults, listing, now())
+                if node_plan.create is not None:
+                    keys = externalfaults.covered_keys(node_plan.create)
+                    await self._create(node_plan.create, [r for r in self.cache.records()
+                                                          if externalfaults.fault_key(r) in keys])
+                    listing = await self._external_faults(fresh=True)
         covering = [f for f in listing if fault.key in externalfaults.covered_keys(f)]
         if any(externalfaults.is_cleared(f) for f in covering):
             if fault.key not in self._cleared_seen:

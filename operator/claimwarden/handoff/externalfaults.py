@@ -182,6 +182,12 @@ def plan_node(node: str, faults: Sequence[Fault], existing: Iterable[Mapping[str
     return NodePlan(external_fault(node, uncovered, now), (), ())
 
 
+def may_open(key: str, node: str, existing: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a request may open for this record fault now: none covers it and the node has none open
+    (plan_node's create can be non-None only then; the cheap test comes first)."""
+    return not any(key in covered_keys(f) or (fault_node(f) == node and is_open(f)) for f in existing)
+
+
 def recovery_hold(key: str, node: str, existing: Iterable[Mapping[str, Any]]) -> str | None:
     """Why a verified recovery of this record fault must wait, or None once a request covering it is cleared."""
     covering = [f for f in existing if key in covered_keys(f)]
