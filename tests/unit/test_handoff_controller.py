@@ -218,3 +218,17 @@ def test_a_poll_of_a_handed_off_record_does_not_look_at_every_record() -> None:
     open_request = {"metadata": {"name": "x"}, "spec": {"healthEvent": {"nodeName": NODE}}}
     assert not externalfaults.may_open("u9@t", NODE, [open_request])
     assert externalfaults.may_open("u9@t", "node-b", [open_request])
+
+
+def test_a_person_naming_the_repair_releases_a_hold_nvsentinel_will_never_clear() -> None:
+    """NVSentinel uninstalled with its CRD kept: the request stays open for ever. The person's way out."""
+    record = _record("gpu-1", "u1")
+
+    async def scenario() -> None:
+        controller = _controller(FakeCache(record), FakeKube())
+        await controller.reconcile(record["metadata"]["name"])
+        assert controller.recovery_hold(record)
+        record["spec"]["recommendedAction"] = actions.GPU_RESET
+        assert controller.recovery_hold(record) is None
+
+    asyncio.run(scenario())
