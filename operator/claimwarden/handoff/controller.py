@@ -226,17 +226,17 @@ class HandoffController:
                 log.info("record %s: NVSentinel cleared the fault (ExternalFault %s)", fault.record, names)
                 await self._event(record, "Normal", CLEARED, f"ExternalFault {names} is FaultCleared: a verified "
                                   "clear of this record now applies")
-                self._holding.add(fault.record)
-                self._release(record)
+                self._release(record, held_only=False)
         else:
             self.queue.add_after(fault.record, self.settings.poll_seconds)
         return str(covering[-1]["metadata"]["name"]) if covering else None
 
-    def _release(self, record: Body) -> None:
-        """The signals controller looks at the record again: a verified clear the gate held may apply now."""
-        ref = records.record_ref(record)
-        if record["metadata"]["name"] in self._holding and self.on_cleared is not None and ref is not None:
-            self._holding.discard(record["metadata"]["name"])
+    def _release(self, record: Body, *, held_only: bool = True) -> None:
+        """The signals controller looks at the record again: a verified clear the gate held may apply now
+        (`held_only`: only if the gate held one since this process started)."""
+        name, ref = record["metadata"]["name"], records.record_ref(record)
+        if (name in self._holding or not held_only) and self.on_cleared is not None and ref is not None:
+            self._holding.discard(name)
             self.on_cleared(ref)
 
     async def _create(self, body: Body, covered: list[Body]) -> None:
