@@ -15,7 +15,7 @@ a repair system must not reboot a node for a rule that is being tried out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from claimwarden.health.records import record_effect
@@ -53,6 +53,8 @@ GPU_LOST = "gpu-lost"
 class Recommendation:
     action: str   # one of ACTIONS
     source: str   # in words, for status.recommendedActionSource and the Event
+    named: bool = field(default=False, compare=False)
+    """A person or the rule named it (not the signal's default): it wins over a node's condition too."""
 
 
 def signal_default(o: Observation) -> Recommendation | None:
@@ -78,9 +80,9 @@ def recommend(record: Mapping[str, Any], *, rule: Rule | None, policy: str | Non
         return Recommendation(NONE, "effect None: nothing is marked, nothing is to repair")
     asked = ((record.get("spec") or {}).get("recommendedAction"))
     if asked in ACTIONS:
-        return Recommendation(str(asked), "spec.recommendedAction")
+        return Recommendation(str(asked), "spec.recommendedAction", named=True)
     if rule is not None and rule.recommended_action is not None:
-        return Recommendation(rule.recommended_action, f"HealthPolicy {policy}, rule {rule.name}")
+        return Recommendation(rule.recommended_action, f"HealthPolicy {policy}, rule {rule.name}", named=True)
     for o in _newest_first(o for o in observations if o.state == UNHEALTHY and (rule is None or rule.matches(o))):
         found = signal_default(o)
         if found is not None:

@@ -15,6 +15,7 @@ it looks again every SERVED_RECHECK seconds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from ..cache import Body, Cache, resource_version
 from ..health import records
 from ..health.records import DeviceRef
 from ..kube.api import Kube
-from ..kube.errors import ApiError, NotServed
+from ..kube.errors import ApiError, NotLeader, NotServed
 from ..signals import policy
 from ..signals import records as signal_records
 from ..signals.observations import SOURCE_NODE
@@ -77,14 +78,18 @@ class HandoffController:
         self._listing: list[Body] | None = None
         self._listed_at = float("-inf")
         self._cleared_seen: set[str] = set()   # record faults whose request was seen cleared
+        self._holding: set[str] = set()        # records whose verified clear the gate held (released once known)
+        self._node_locks: dict[str, asyncio.Lock] = {}  # one plan-and-create at a time per node (many workers)
         self._reported: set[tuple[str, str]] = set()
 
     def enqueue(self, name: str) -> None:
         self.queue.add(name)
 
     def enqueue_all(self) -> None:
-        for record in self.cache.records():
-            self.queue.add(record["metadata"]["name"])
+        present = {record["metadata"]["name"] for record in self.cache.records()}
+        # A record deleted while a watch was down sent no event: its reconcile takes it out of the gauge.
+        for name in sorted(present | set(self._actions)):
+            self.queue.add(name)
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -106,18 +111,19 @@ class HandoffController:
         parsed = policy.parse_policy(body)[0] if body is not None else None
         return (parsed.rule(str(rule_name)) if parsed is not None else None), str(name)
 
-    def _fault(self, record: Body) -> externalfaults.Fault | None:
-        """The record's node-scoped fault, or None (not node-scoped, or its device is not published)."""
+    def _fault(self, record: Body, *, on_node: str | None = None) -> externalfaults.Fault | None:
+        """The record's node-scoped fault, or None (not node-scoped, or its device is not published; or, with
+        `on_node`, not on that node: the cheap look-ups go first, as every record is asked for a node's faults)."""
         ref = records.record_ref(record)
-        if ref is None:
+        if ref is None or records.record_effect(record) not in externalfaults.MARKED:
             return None
+        published = externalfaults.device_node(ref, self.cache.resource_slices_of_pool(ref.driver, ref.pool))
+        if published is None or (on_node is not None and published[0] != on_node):
+            return None
+        node, device = published
         found, node_condition = self.recommendation(record)
         if not externalfaults.node_scoped(record, found, node_condition=node_condition):
             return None
-        published = externalfaults.device_node(ref, self.cache.resource_slices_of_pool(ref.driver, ref.pool))
-        if published is None:
-            return None
-        node, device = published
         why = f"{records.record_reason(record)[:200]} (recommends {found.action}: {found.source})"
         return externalfaults.Fault(record=record["metadata"]["name"], key=externalfaults.fault_key(record),
                                     node=node, gpu_uuid=externalfaults.gpu_uuid(ref.driver, device),
@@ -126,11 +132,13 @@ class HandoffController:
     def recovery_hold(self, record: Body) -> str | None:
         """Why a verified clear of this record must wait for NVSentinel's repair, or None (the signals controller
         asks before it applies one)."""
-        if not self.settings.nvsentinel or not self._served:
+        if not self.settings.nvsentinel or self._served is False:
             return None
         fault = self._fault(record)
         if fault is None:
             return None
+        if self._served is None:  # after a start or a failover, before the hand-off has looked: not known yet
+            return "the hand-off has not read NVSentinel's ExternalFaults yet"
         return externalfaults.recovery_hold(fault.key, fault.node, self._listing or [])
 
     # --- reconcile ----------------------------------------------------------------------------
@@ -143,7 +151,14 @@ class HandoffController:
             self._written.pop(name, None)
             return
         found, _ = self.recommendation(record)
-        request = await self._hand_off(record) if self.settings.nvsentinel else None
+        try:
+            request = await self._hand_off(record) if self.settings.nvsentinel else None
+        except ApiError as exc:
+            # The hand-off failed (a 403 without manifests/nvsentinel's grant, NVSentinel's webhook refusing):
+            # the recommendation any repair system reads is written all the same; the hand-off is retried.
+            if not isinstance(exc, NotLeader):
+                await self._write(record, found, (record.get("status") or {}).get("externalFault"))
+            raise
         await self._write(record, found, request)
 
     async def _write(self, record: Body, found: Recommendation, request: str | None) -> None:
@@ -182,20 +197,27 @@ class HandoffController:
     async def _hand_off(self, record: Body) -> str | None:
         """Hand the record's node-scoped fault off; the name of the request covering it (None: none)."""
         fault = self._fault(record)
-        if fault is None or not await self._nvsentinel_served(record):
+        if fault is None:
             return None
-        try:
-            listing = await self._external_faults()
-        except NotServed:  # the CRD went away: said once, looked for again later
-            self._served, self._served_checked, self._listing = None, time.monotonic(), None
+        if not await self._nvsentinel_served(record):
+            self._release(record)  # a clear held while it was not known yet
             return None
-        faults = [f for r in self.cache.records() if (f := self._fault(r)) is not None and f.node == fault.node]
-        node_plan = externalfaults.plan_node(fault.node, faults, listing, now())
-        if node_plan.create is not None:
-            keys = externalfaults.covered_keys(node_plan.create)
-            await self._create(node_plan.create, [r for r in self.cache.records()
-                                                  if externalfaults.fault_key(r) in keys])
-            listing = await self._external_faults(fresh=True)
+        async with self._node_locks.setdefault(fault.node, asyncio.Lock()):
+            try:
+                listing = await self._external_faults()
+            except NotServed:  # the CRD went away: said once, looked for again at the next poll
+                self._served, self._served_checked, self._listing = None, time.monotonic(), None
+                self.queue.add_after(fault.record, self.settings.poll_seconds)
+                return None
+            # Every record is looked at only when a request may open: not at each poll of a handed-off record.
+            if externalfaults.may_open(fault.key, fault.node, listing):
+                faults = [f for r in self.cache.records() if (f := self._fault(r, on_node=fault.node)) is not None]
+                node_plan = externalfaults.plan_node(fault.node, faults, listing, now())
+                if node_plan.create is not None:
+                    keys = externalfaults.covered_keys(node_plan.create)
+                    await self._create(node_plan.create, [r for r in self.cache.records()
+                                                          if externalfaults.fault_key(r) in keys])
+                    listing = await self._external_faults(fresh=True)
         covering = [f for f in listing if fault.key in externalfaults.covered_keys(f)]
         if any(externalfaults.is_cleared(f) for f in covering):
             if fault.key not in self._cleared_seen:
@@ -204,12 +226,18 @@ class HandoffController:
                 log.info("record %s: NVSentinel cleared the fault (ExternalFault %s)", fault.record, names)
                 await self._event(record, "Normal", CLEARED, f"ExternalFault {names} is FaultCleared: a verified "
                                   "clear of this record now applies")
-                ref = records.record_ref(record)
-                if self.on_cleared is not None and ref is not None:
-                    self.on_cleared(ref)
+                self._release(record, held_only=False)
         else:
             self.queue.add_after(fault.record, self.settings.poll_seconds)
         return str(covering[-1]["metadata"]["name"]) if covering else None
+
+    def _release(self, record: Body, *, held_only: bool = True) -> None:
+        """The signals controller looks at the record again: a verified clear the gate held may apply now
+        (`held_only`: only if the gate held one since this process started)."""
+        name, ref = record["metadata"]["name"], records.record_ref(record)
+        if (name in self._holding or not held_only) and self.on_cleared is not None and ref is not None:
+            self._holding.discard(name)
+            self.on_cleared(ref)
 
     async def _create(self, body: Body, covered: list[Body]) -> None:
         name = body["metadata"]["name"]
@@ -260,6 +288,7 @@ class HandoffController:
 
     async def held(self, record: Body, why: str) -> None:
         """A verified clear of the record waits for the repair: said once per record fault (the signals' gate)."""
+        self._holding.add(record["metadata"]["name"])
         await self._event_once(record, HELD, f"the verified clear waits: {why}", event_type="Normal")
 
     async def _event_once(self, record: Body, reason: str, message: str, event_type: str = "Warning") -> None:

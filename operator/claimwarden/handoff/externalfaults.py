@@ -43,6 +43,8 @@ GPU_UUID = "GPU_UUID"
 UUID_ATTRIBUTES = ("parentUUID", "uuid")
 """Where a device names its physical GPU: a partition's parent first (the repair resets the whole GPU)."""
 MESSAGE_MAX = 1024
+MARKED = ("NoExecute", "NoSchedule")
+"""The effects of a record that marks its device: only those can be node-scoped."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,11 @@ class Fault:
 def node_scoped(record: Mapping[str, Any], recommendation: Recommendation, *, node_condition: bool) -> bool:
     """True for a fault whose repair takes its node: a marked record (NoExecute, NoSchedule) whose recommended
     action is NodeReboot or Drain, or whose mark a node's condition made (`node_condition`: the deciding rule's
-    source is NodeCondition). A GpuReset of one device is the driver's or the node agent's, not a node repair."""
-    if record_effect(dict(record)) not in ("NoExecute", "NoSchedule"):
+    source is NodeCondition) and that nothing named a repair for (a person's or the rule's None or GpuReset wins).
+    A GpuReset of one device is the driver's or the node agent's, not a node repair."""
+    if record_effect(dict(record)) not in MARKED:
         return False
-    return recommendation.action in NODE_SCOPED or node_condition
+    return recommendation.action in NODE_SCOPED or (node_condition and not recommendation.named)
 
 
 def fault_key(record: Mapping[str, Any]) -> str:
@@ -177,6 +180,12 @@ def plan_node(node: str, faults: Sequence[Fault], existing: Iterable[Mapping[str
     if open_names:
         return NodePlan(None, open_names, tuple(sorted(f.key for f in uncovered)))
     return NodePlan(external_fault(node, uncovered, now), (), ())
+
+
+def may_open(key: str, node: str, existing: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a request may open for this record fault now: none covers it and the node has none open
+    (plan_node's create can be non-None only then; the cheap test comes first)."""
+    return not any(key in covered_keys(f) or (fault_node(f) == node and is_open(f)) for f in existing)
 
 
 def recovery_hold(key: str, node: str, existing: Iterable[Mapping[str, Any]]) -> str | None:
