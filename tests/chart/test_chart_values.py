@@ -109,6 +109,8 @@ def test_null_values_leave_their_flags_out() -> None:
     (("run.liveness=http://0.0.0.0/healthz",), "names no port"),
     (("run.leaderElect=false",), "run.leaderElect is false with replicaCount 2: every replica would run"),
     (("replicaCount=1",), "podDisruptionBudget.minAvailable 1 with replicaCount 1 allows no disruption"),
+    (("alerting.webhook.enabled=true", "run.alertWebhookPort=0"), "its Service would lead nowhere"),
+    ((r"podLabels.app\.kubernetes\.io/name=other",), "podLabels sets app.kubernetes.io/name"),
 ])
 def test_contradicting_values_are_refused_with_the_reason(sets: tuple[str, ...], message: str) -> None:
     result = helm_template(*sets, check=False)
