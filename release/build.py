@@ -138,38 +138,59 @@ def release(args: argparse.Namespace) -> int:
     changelog = ROOT / "CHANGELOG.md"
     problems = plan.release_problems(version=version, source=source, dirty=dirty, allow_dirty=args.allow_dirty,
                                      changelog=changelog.read_text() if changelog.exists() else "")
+    dist = Path(args.dist or ROOT / "dist" / f"v{version.semver}").resolve()
+    if dist.exists() and not dist.is_dir():
+        problems.append(f"DIST={dist} is a file, not a directory")
+    elif problem := plan.dist_problem(dist, root=ROOT, entries=[p.name for p in dist.iterdir()]
+                                      if dist.is_dir() else None):
+        problems.append(problem)
     if problems:
         for problem in problems:
             print(f"release: refused: {problem}", file=sys.stderr)
         return 2
     commit = run(["git", "rev-parse", "HEAD"]).strip() + ("-dirty" if dirty else "")
-    dist = Path(args.dist or ROOT / "dist" / f"v{version.semver}").resolve()
-    names = plan.artifact_names(version)
-    image = f"{args.repository}:{version.semver}"
     say(f"{version.semver} (Python {version.python}) from {commit} into {dist}")
+    # Written next to DIST and renamed into place once whole: a failed release leaves no half-written DIST, and
+    # the previous one stays until then.
+    dist.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{dist.name}.partial-", dir=dist.parent))
+    partial.chmod(0o755)  # mkdtemp's 0700 would otherwise be the release directory's mode
+    try:
+        build(partial, version, commit=commit, dirty=bool(dirty), repository=args.repository, kubectl=args.kubectl)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(dist, ignore_errors=True)
-    dist.mkdir(parents=True)
+    partial.rename(dist)
+    say(f"wrote {', '.join(sorted(p.name for p in dist.iterdir()))} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def build(dist: Path, version: plan.ReleaseVersion, *, commit: str, dirty: bool, repository: str,
+          kubectl: str) -> None:
+    """Every artifact into the empty directory `dist`, SHA256SUMS last."""
+    names = plan.artifact_names(version)
+    image = f"{repository}:{version.semver}"
     with tempfile.TemporaryDirectory(prefix="claimwarden-release-") as tmp:
         stage = Path(tmp) / "src"
-        stage_tree(stage, working_tree=bool(dirty))
+        stage_tree(stage, working_tree=dirty)
         (stage / INIT).write_text(plan.stamp_version((stage / INIT).read_text(), version))
         archive = dist / names["image"]
         run([str(stage / "image" / "build.sh")], cwd=stage,
             env={"IMAGE": image, "ARCHIVE": str(archive), "REVISION": commit}, show=True)
         digest = archive_digest(archive)
         say(f"image {image}, manifest {digest}")
-        write_bundles(stage, dist, names, kubectl=args.kubectl, repository=args.repository, digest=digest)
-        package_chart(stage, dist, version, repository=args.repository, digest=digest)
+        write_bundles(stage, dist, names, kubectl=kubectl, repository=repository, digest=digest)
+        package_chart(stage, dist, version, repository=repository, digest=digest)
     write_sbom(archive, dist / names["sbom"])
     write_checksums(dist)
-    say(f"wrote {', '.join(sorted(p.name for p in dist.iterdir()))} in {time.monotonic() - started:.0f} s")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="release", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", required=True, help="semver X.Y.Z[-pre], without a leading v")
-    parser.add_argument("--dist", help="where the artifacts go (default dist/v<version>; emptied first)")
+    parser.add_argument("--dist", help="where the artifacts go (default dist/v<version>; replaced once the release "
+                        "is whole; refused when it holds anything a release did not write)")
     parser.add_argument("--repository", default="claimwarden",
                         help="the image's name in the bundle, without tag (default claimwarden)")
     parser.add_argument("--allow-dirty", action="store_true",

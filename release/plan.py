@@ -10,11 +10,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-# semver.org's recommended expression (2.0.0), build metadata left out: an image tag cannot hold '+'.
+# The recommended expression of semver 2.0.0 (semver.org), build metadata left out: an image tag cannot hold '+'.
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?$")
@@ -85,6 +86,23 @@ def release_problems(*, version: ReleaseVersion, source: str, changelog: str, di
         if version.semver not in CHANGELOG_HEADING.findall(changelog):
             problems.append(f"CHANGELOG.md has no '## [{version.semver}]' section")
     return problems
+
+
+RELEASE_FILE = re.compile(r"^(claimwarden(-monitoring)?-[^/]+\.(oci\.tar|yaml|tgz|spdx\.json)|SHA256SUMS)$")
+
+
+def dist_problem(dist: Path, *, root: Path, entries: list[str] | None) -> str | None:
+    """Why DIST must not be emptied and written (None: go ahead); `entries` are the names in it, None when it does
+    not exist. A release replaces only what a release wrote: DIST=. or DIST=dist would otherwise remove the
+    checkout, or `make manifests`'s output and every other release, on a typo."""
+    if dist == root or root.is_relative_to(dist):
+        return f"DIST={dist} holds the checkout itself: give a directory of its own (default dist/v<version>)"
+    foreign = sorted(name for name in entries or [] if not RELEASE_FILE.match(name))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        return (f"DIST={dist} holds files no release wrote ({shown}): a release empties its directory, so give an "
+                "empty or new one")
+    return None
 
 
 def pin_image(kustomization: dict[str, Any], *, repository: str, digest: str) -> dict[str, Any]:

@@ -84,7 +84,9 @@ def test_values_run_names_every_flag_of_claimwarden_run_and_nothing_else() -> No
 
 def test_every_run_value_becomes_its_flag_as_claimwarden_run_parses_it() -> None:
     run_values = {key: yaml.safe_load(text) for key, (text, _) in SAMPLES.items()}
-    objects = helm_objects(namespace="gpu-ops", values={"run": run_values})
+    # leaderElect false (a sample) takes one replica and no budget.
+    objects = helm_objects(namespace="gpu-ops", values={"run": run_values, "replicaCount": 1,
+                                                        "podDisruptionBudget": {"enabled": False}})
     container = _container(objects)
     parsed = _run_parser().parse_args(container["args"])
     for key, (_, expected) in SAMPLES.items():
@@ -105,10 +107,25 @@ def test_null_values_leave_their_flags_out() -> None:
     (("run.namespace=elsewhere",), 'run.namespace is "elsewhere" but the release is in "claimwarden-system"'),
     (("alerting.webhook.enabled=true", "run.alertTokenFile=/x"), "leave run.alertTokenFile"),
     (("run.liveness=http://0.0.0.0/healthz",), "names no port"),
+    (("run.leaderElect=false",), "run.leaderElect is false with replicaCount 2: every replica would run"),
+    (("replicaCount=1",), "podDisruptionBudget.minAvailable 1 with replicaCount 1 allows no disruption"),
+    (("alerting.webhook.enabled=true", "run.alertWebhookPort=0"), "its Service would lead nowhere"),
+    ((r"podLabels.app\.kubernetes\.io/name=other",), "podLabels sets app.kubernetes.io/name"),
 ])
 def test_contradicting_values_are_refused_with_the_reason(sets: tuple[str, ...], message: str) -> None:
     result = helm_template(*sets, check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_one_replica_without_leader_election_is_replaced_not_surged() -> None:
+    deployment = helm_objects("run.leaderElect=false", "replicaCount=1", "podDisruptionBudget.enabled=false")[
+        ("Deployment", "claimwarden")]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect=false" in _container({("Deployment", "claimwarden"): deployment})["args"]
+    budget = helm_objects("replicaCount=3", "podDisruptionBudget.minAvailable=2")
+    assert budget[("PodDisruptionBudget", "claimwarden")]["spec"]["minAvailable"] == 2
+    assert helm_objects("replicaCount=1", "podDisruptionBudget.minAvailable=50%")[
+        ("PodDisruptionBudget", "claimwarden")]["spec"]["minAvailable"] == "50%"
 
 
 def test_the_image_by_tag_by_default_else_by_digest() -> None:

@@ -9,8 +9,9 @@ replicas pinned to the real node:
 - `helm upgrade --wait` with one changed value (run.evictionQps): the rollout starts each new pod before it stops
   an old one, and the Lease moves to a new pod with no gap longer than HANDOVER_MAX_GAP (the old leader releases
   it on SIGTERM, the standby takes it on its next try); the new pods carry the flag, and the new leader evicts;
-- `helm uninstall --wait`: the CRDs stay (helm.sh/resource-policy: keep), every other object of the chart is
-  gone; what claimwarden wrote itself, its Lease, stays.
+- `helm uninstall --wait` with a device still marked: the CRDs stay (helm.sh/resource-policy: keep), every other
+  object of the chart is gone; what claimwarden wrote itself stays: its Lease, the mark's record and the
+  quarantine claim that parks the device.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from claimwarden_lab.binaries import helm_binary
 from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab
-from .health_helpers import evicts_from_a_marked_device
+from .health_helpers import evicts_from_a_marked_device, holders, mark, record_for, slice_of
 from .helpers import wait_for
 from .test_image import ROOT, VERSION
 
@@ -141,6 +142,15 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
             f"/var/log/pods/{NAMESPACE}_{pod.metadata.name}_{pod.metadata.uid}/claimwarden/*.log"))
         assert "Traceback" not in log, log[-3000:]
 
+    # A mark left in place through the uninstall: its record and the quarantine claim that parks the device.
+    kept = client.ResourceV1Api(api).read_resource_slice(slice_of(api, "kwok-node-0"))
+    pool, device = kept.spec.pool.name, kept.spec.devices[0].name
+    mark(api, "kwok-node-0", device, "ECC errors, kept through helm uninstall")
+    quarantine = wait_for("the kept mark's quarantine claim", lambda: [
+        h for h in holders(api, pool, device) if h.startswith(f"{NAMESPACE}/")], 60)
+    record = record_for(api, pool, device)
+    assert record is not None
+
     uninstalled = _helm(real_lab, "uninstall", "claimwarden", "--wait", "--timeout=2m")
     assert "kept due to the resource policy" in uninstalled, uninstalled
     wait_for("the pods gone", lambda: not _pods(core), 60)
@@ -161,7 +171,11 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     assert not core.list_namespaced_service(NAMESPACE).items
     assert not core.list_namespaced_secret(NAMESPACE).items, "helm's release records are gone"
     assert not client.PolicyV1Api(api).list_namespaced_pod_disruption_budget(NAMESPACE).items
-    assert not client.ResourceV1Api(api).list_namespaced_resource_claim(NAMESPACE).items
+    # The record and its quarantine claim, which Helm never owned, stay: the broken device stays parked.
+    kept_record = record_for(api, pool, device)
+    assert kept_record is not None and kept_record["metadata"]["uid"] == record["metadata"]["uid"]
+    assert [f"{NAMESPACE}/{c.metadata.name}" for c in client.ResourceV1Api(api).list_namespaced_resource_claim(
+        NAMESPACE).items] == quarantine == [h for h in holders(api, pool, device) if h.startswith(f"{NAMESPACE}/")]
     # What claimwarden wrote itself and Helm never owned: its Lease.
     assert [lease.metadata.name for lease in coordination.list_namespaced_lease(NAMESPACE).items] == ["claimwarden"]
     elapsed = datetime.timedelta(seconds=round(time.monotonic() - started))

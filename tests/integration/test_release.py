@@ -30,10 +30,10 @@ PYTHON_VERSION = "0.0.0rc0"
 IMAGE = f"localhost/claimwarden:{VERSION}"
 
 
-def _release(*args: str, dist: Path) -> subprocess.CompletedProcess[str]:
+def _release(*args: str, dist: Path, engine: str = "podman") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "release.build", *args, "--dist", str(dist),
                            "--kubectl", str(binaries.bin_dir() / "kubectl")],
-                          capture_output=True, text=True, cwd=ROOT, env={**ENV, "ENGINE": "podman"}, timeout=1800)
+                          capture_output=True, text=True, cwd=ROOT, env={**ENV, "ENGINE": engine}, timeout=1800)
 
 
 def _tracked_changes() -> str:
@@ -142,3 +142,20 @@ def test_a_version_that_is_not_releasable_is_refused_before_anything_is_built(tm
     assert "CHANGELOG.md has no '## [99.0.0]' section" in final.stderr
     assert not (tmp_path / "dist").exists()
 
+
+
+def test_a_failed_release_leaves_the_previous_one_and_no_half_written_directory(tmp_path: Path) -> None:
+    dist = tmp_path / "dist" / f"v{VERSION}"
+    dist.mkdir(parents=True)
+    (dist / "SHA256SUMS").write_text("the previous release\n")
+    failed = _release("--version", VERSION, "--allow-dirty", dist=dist, engine="no-such-engine")
+    assert failed.returncode != 0 and "image/build.sh" in failed.stderr, failed.stderr
+    assert [p.name for p in dist.parent.iterdir()] == [dist.name], "no partial directory is left"
+    assert [p.name for p in dist.iterdir()] == ["SHA256SUMS"] and "previous" in (dist / "SHA256SUMS").read_text()
+    # DIST=. (or a directory with anything a release did not write) is refused before anything is built.
+    checkout = _release("--version", VERSION, "--allow-dirty", dist=ROOT)
+    assert checkout.returncode == 2 and "holds the checkout itself" in checkout.stderr, checkout.stderr
+    (dist / "notes.txt").write_text("mine")
+    foreign = _release("--version", VERSION, "--allow-dirty", dist=dist)
+    assert foreign.returncode == 2 and "holds files no release wrote (notes.txt)" in foreign.stderr, foreign.stderr
+    assert (dist / "notes.txt").read_text() == "mine"

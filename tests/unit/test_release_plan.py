@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from release import plan
@@ -131,3 +132,16 @@ def test_the_chart_values_name_the_image_by_digest_and_keep_their_comments() -> 
         plan.pin_chart_values(VALUES.replace('  digest: ""\n', ""), repository="claimwarden", digest=digest)
     with pytest.raises(ValueError, match="no top-level image"):
         plan.pin_chart_values("replicaCount: 2\n", repository="claimwarden", digest=digest)
+
+
+def test_dist_is_refused_when_it_holds_the_checkout_or_files_no_release_wrote(tmp_path: Path) -> None:
+    root = tmp_path / "claimwarden"
+    assert plan.dist_problem(root / "dist" / "v1.2.0", root=root, entries=None) is None
+    previous = ["claimwarden-1.2.0.oci.tar", "claimwarden-1.2.0.yaml", "claimwarden-monitoring-1.2.0.yaml",
+                "claimwarden-1.2.0.tgz", "claimwarden-1.2.0.spdx.json", "SHA256SUMS"]
+    assert plan.dist_problem(root / "dist" / "v1.2.0", root=root, entries=previous) is None
+    for dist in (root, tmp_path, Path("/")):  # DIST=. or a parent: removing it would remove the checkout
+        assert "holds the checkout itself" in (plan.dist_problem(dist, root=root, entries=["x"]) or "")
+    # DIST=dist: `make manifests`' output and the other releases would go.
+    problem = plan.dist_problem(root / "dist", root=root, entries=["claimwarden.yaml", "deploy-base", "v1.1.0"])
+    assert problem is not None and "claimwarden.yaml, deploy-base, v1.1.0" in problem
