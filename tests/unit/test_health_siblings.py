@@ -288,3 +288,18 @@ def test_the_caches_projections_keep_what_the_plan_reads() -> None:
                                             derived(origin, "gpu-0-partition-1"))]
     sync = siblings.plan_pool(DRIVER, POOL, have, slices)
     assert (sync.create, sync.patch, sync.delete) == ((), (), ())
+
+
+def test_an_origin_whose_device_is_not_listed_is_found_through_its_derived_records() -> None:
+    # The whole GPU fell off the bus: the driver lists its partitions only. The records found through the listed
+    # devices are the derived ones; without their origin the plan deletes them (and the live LIST then undoes it
+    # on every event of the pool).
+    origin = record("o", "gpu-0")
+    kept = [derived(origin, "gpu-0-partition-0"), derived(origin, "gpu-0-partition-1")]
+    slices = [slice_([consumer("gpu-0-partition-0", "gpu-0-counter-set"),
+                      consumer("gpu-0-partition-1", "gpu-0-counter-set")], [counter_set("gpu-0-counter-set")])]
+    assert siblings.plan_pool(DRIVER, POOL, kept, slices).delete != ()
+    found = siblings.with_origins(kept, {"o": origin}.get)
+    assert [r["metadata"]["name"] for r in found] == [r["metadata"]["name"] for r in kept] + ["o"]
+    assert siblings.plan_pool(DRIVER, POOL, found, slices).delete == ()
+    assert siblings.with_origins(kept, {}.get) == kept  # an origin that is gone stays gone

@@ -62,7 +62,9 @@ class SiblingRecords:
         # quadratic in a burst of marks. Records of devices no slice lists are kept anyway (siblings.py rule 3),
         # and the garbage collector removes derived records whose origin is gone.
         devices = {device for item in pool_slices for device in records.slice_devices(item)}
-        cached = [r for device in sorted(devices) for r in self.cache.records_marking((driver, pool, device))]
+        cached = siblings.with_origins(
+            [r for device in sorted(devices) for r in self.cache.records_marking((driver, pool, device))],
+            self.cache.record)
         await self._report_bad_scopes(cached)
         sync = siblings.plan_pool(driver, pool, cached, pool_slices)
         if sync.delete:  # freeing devices: decided again on what the API server holds now

@@ -30,7 +30,7 @@ Everything here is pure: records and slices as plain dicts in, what to create, p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +185,27 @@ def plan_pool(driver: str, pool: str, pool_records: Iterable[dict[str, Any]],
     create = sorted((wanted[name][0] for name in set(wanted) - set(existing)),
                     key=lambda body: (body["spec"]["device"], body["metadata"]["name"]))
     return PoolSync(create=tuple(create), patch=tuple(patch), delete=tuple(delete))
+
+
+def with_origins(pool_records: list[dict[str, Any]],
+                 record_named: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """The pool's records plus the origins their derived records name that are not among them.
+
+    Records are found through the devices the pool lists; an origin whose own device no slice lists now (a GPU
+    fallen off the bus) is then missing, and its derived records would look orphaned: each plan of the pool
+    would delete them, and a LIST of every record would take the deletion back (rule 3)."""
+    present = {str(metadata(r).get("name") or "") for r in pool_records}
+    found = list(pool_records)
+    for record in pool_records:
+        if not is_derived(record):
+            continue
+        for owner in metadata(record).get("ownerReferences") or []:
+            name = str(owner.get("name") or "") if isinstance(owner, Mapping) else ""
+            origin = record_named(name) if name and name not in present else None
+            if origin is not None:
+                present.add(name)
+                found.append(origin)
+    return found
 
 
 def pool_complete(pool_slices: Iterable[Slice]) -> bool:
