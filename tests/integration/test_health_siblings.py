@@ -11,6 +11,8 @@ unless CLAIMWARDEN_KUBERNETES names 1.35 or later.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -130,6 +132,13 @@ def test_a_mark_of_the_whole_gpu_covers_its_partitions_and_a_mark_of_a_partition
             wait_gone(api, NAMESPACE, "b", 60)
             evicted_in = time.monotonic() - started
             assert _derived(api) == {"gpu-0-partition-0": "broken-gpu-0", "gpu-0-partition-1": "broken-gpu-0"}
+            # Approving the whole device's mark approves its siblings' records too (their pods are the ones a breaker
+            # would hold back).
+            approved = subprocess.run([sys.executable, "-m", "claimwarden", "approve", f"{POOL}/gpu-0", "--kubeconfig",
+                                       str(lab.kubeconfig)], capture_output=True, text=True, timeout=60)
+            assert approved.returncode == 0 and "also the 2 record(s) derived" in approved.stdout, approved
+            assert {r["spec"]["device"] for r in records(api) if r["spec"].get("source") == "sibling"
+                    and (r["metadata"].get("annotations") or {}).get("claimwarden.io/approved-by")} == set(GPU_0[1:])
             status = wait_for("the record shows its fault domain", lambda: (custom.get_cluster_custom_object(
                 GROUP, VERSION, PLURAL, "broken-gpu-0").get("status") or {}).get("faultDomain"), 30)
             assert status == list(GPU_0)

@@ -82,3 +82,19 @@ def test_mark_takes_a_scope_and_never_takes_over_a_derived_record() -> None:
     assert again.patch_name == "broken-gpu-0" and again.patch is not None and again.patch["spec"]["scope"] == "Device"
     with pytest.raises(marking.MarkError, match="--scope 'Rack'"):
         marking.plan_mark(snapshot, part, reason="x", effect="NoExecute", expires_at=None, scope="Rack")
+
+
+def test_approving_a_whole_devices_mark_approves_the_records_derived_for_its_siblings() -> None:
+    # Past an open breaker the pods held back are the partitions' (the full GPU has none): approving the origin
+    # alone let nothing go, and the GPU stayed half drained until someone approved each partition's record.
+    origin = {"metadata": {"name": "broken-gpu-0", "uid": "uid-o", "generation": 1},
+              "spec": {"driver": DRIVER, "pool": POOL, "device": "gpu-0", "effect": "NoExecute", "source": "manual"}}
+    mine = [siblings.derived_body(origin, DeviceRef(DRIVER, POOL, "gpu-0"), DeviceRef(DRIVER, POOL, d))
+            for d in ("gpu-0-partition-1", "gpu-0-partition-0")]
+    other = {"metadata": {"name": "another", "uid": "uid-x"}, "spec": {**origin["spec"], "device": "gpu-1"}}
+    theirs = siblings.derived_body(other, DeviceRef(DRIVER, POOL, "gpu-1"),
+                                   DeviceRef(DRIVER, POOL, "gpu-1-partition-0"))
+    snapshot = Snapshot(records=[origin, *mine, other, theirs])
+    found = marking.derived_records(snapshot, origin)
+    assert {r["metadata"]["name"] for r in found} == {d["metadata"]["name"] for d in mine}
+    assert marking.derived_records(snapshot, theirs) == []

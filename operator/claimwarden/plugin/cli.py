@@ -346,7 +346,7 @@ def _preview(snapshot: Any, ref: Any, output: str | None) -> int:
 
 
 def _approve(cluster: Any, args: argparse.Namespace) -> int:
-    from .marking import MarkError, approval, resolve
+    from .marking import MarkError, approval, derived_records, resolve
     from .read import RECORDS
 
     snapshot = cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace)
@@ -360,15 +360,21 @@ def _approve(cluster: Any, args: argparse.Namespace) -> int:
                                  {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
         username = str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
         patch = approval(record, username)
+        siblings = [(r["metadata"]["name"], approval(r, username)) for r in derived_records(snapshot, record)]
     except MarkError as exc:
         raise InputError(str(exc)) from None
     body = cluster.request("PATCH", f"{RECORDS}/{name}", patch, content_type="application/merge-patch+json")
+    for sibling_name, sibling_patch in siblings:  # the siblings' pods are the ones a whole device's mark evicts
+        cluster.request("PATCH", f"{RECORDS}/{sibling_name}", sibling_patch,
+                        content_type="application/merge-patch+json")
     if args.output:
         _emit(body, args.output)
     else:
         generation = (body.get("metadata") or {}).get("generation")
         print(f"{ref}: evictions approved by {username} for generation {generation} (record unhealthydevice/{name}); "
-              "claimwarden records it in status.approval, and a later change of the record's spec needs a new approval")
+              "claimwarden records it in status.approval, and a later change of the record's spec needs a new approval"
+              + (f"; also the {len(siblings)} record(s) derived for its siblings: "
+                 + ", ".join(n for n, _ in siblings) if siblings else ""))
     return EXIT_OK
 
 

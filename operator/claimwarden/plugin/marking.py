@@ -171,6 +171,20 @@ def preview(snapshot: Snapshot, ref: DeviceRef) -> Preview:
     return Preview(tuple(sorted(f"{e.namespace}/{e.pod}" for e in decided.evict)), decided.tolerated)
 
 
+def derived_records(snapshot: Snapshot, origin: Obj) -> list[Obj]:
+    """The records derived for the siblings of `origin` (health/siblings.py), by name: an approval of a whole
+    device's mark is one of its siblings' evictions too (their pods are the ones the breaker holds back)."""
+    uid = str((origin.get("metadata") or {}).get("uid") or "")
+    found = []
+    for record in snapshot.records:
+        if records.record_source(record) != records.SOURCE_SIBLING:
+            continue
+        owners = (record.get("metadata") or {}).get("ownerReferences") or []
+        if uid and any(isinstance(o, dict) and o.get("controller") and o.get("uid") == uid for o in owners):
+            found.append(record)
+    return sorted(found, key=lambda r: str((r.get("metadata") or {}).get("name") or ""))
+
+
 def approval(record: Obj, username: str) -> dict[str, Any]:
     """The merge patch that approves a record's evictions past the breaker, as `username`, for the record's
     generation as read (the spec the user is shown).
