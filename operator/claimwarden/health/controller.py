@@ -150,7 +150,10 @@ class HealthController:
     # --- entry points from events -----------------------------------------------------------
 
     def enqueue_slice(self, name: str, body: Body | None = None) -> None:
+        """A slice changed (`body` from its event), or every slice is queued again (no body: a replica that
+        starts to lead, a resync); then the cache's copy plans its pool's derived records."""
         self.marks.queue.add(name)
+        body = body if body is not None else self.cache.resource_slice(name)
         if body is not None:
             self.siblings.enqueue_slice(body)
 
@@ -159,6 +162,7 @@ class HealthController:
         if record is not None and self._records_seeded:
             self._note_record(record)
         self.record_queue.add(name)
+        body = body if body is not None else record
         if body is not None:  # (also when it is gone: its siblings' derived records go with it)
             self.siblings.enqueue_record(body)
 
