@@ -31,7 +31,7 @@ DIST ?= dist/v$(VERSION)
 
 .PHONY: help venv bins bins-matrix prometheus alertmanager faketime lab lab-down demo run test test-matrix test-unit test-integration lint manifests \
 	install uninstall deploy undeploy image podman lock release chart-package syft deploy-overlay image-arm64 bench bench-smoke bench-signals chaos soak bench-explain \
-	helm chart-docs test-chart
+	helm chart-docs cli-docs crd-docs test-chart
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -117,6 +117,12 @@ bench-explain: venv ## time 'explain' per claim on a synthetic 500-node x 8-GPU 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check operator lab tests bench release
 	$(BIN)/mypy
+
+cli-docs: venv ## write docs/reference/cli.md from the argparse parsers of claimwarden and kubectl claimwarden
+	$(BIN)/python -m claimwarden_lab.clidocs
+
+crd-docs: venv ## write docs/reference/crds.md from the OpenAPI schemas in crds/
+	$(BIN)/python -m claimwarden_lab.crddocs
 
 chart-docs: venv ## write the values reference of charts/claimwarden/README.md from the comments of its values.yaml
 	$(BIN)/python -m claimwarden_lab.chartdocs

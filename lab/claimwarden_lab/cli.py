@@ -35,12 +35,13 @@ def add_arguments(lab: argparse.ArgumentParser) -> None:
                              "each is built once by 'make bins K8S_VERSION=...')")
     lab_up.add_argument("--preset", default="", dest="presets",
                         help="turn DRA features on with this version's gates and runtime-config: comma-separated "
-                             f"from {', '.join(presets.names())} (see README, 'Kubernetes versions')")
+                             f"from {', '.join(presets.names())} (see docs/development/binaries.md)")
     lab_up.add_argument("--kcm-qps", type=float, default=0,
                         help="kube-controller-manager's --kube-api-qps (burst twice that; default: its own, 20)")
     lab_up.add_argument("--api-port", type=int, default=0, help="apiserver port (default: any free port)")
     lab_up.add_argument("--real-node", action="store_true",
-                        help="also one real node (kubelet, containerd, runc, CNI bridge; needs root): see README")
+                        help="also one real node (kubelet, containerd, runc, CNI bridge; needs root): see "
+                             "docs/development/real-node.md")
     restart = lab_sub.add_parser("restart-apiserver",
                                  help="restart kube-apiserver with the same arguments and wait until it is ready")
     restart.add_argument("--dir", type=Path, default=default_dir(), help=dir_help)

@@ -64,7 +64,7 @@ MODEL_CEL = "device.attributes['{driver}'].model == '{model}'"
 # One table for the experiments: which claim holds which device, and for whom.
 CLAIM_COLUMNS = ("custom-columns=CLAIM:.metadata.name,NODE:.status.allocation.devices.results[*].pool,"
                  "DEVICE:.status.allocation.devices.results[*].device,RESERVED_FOR:.status.reservedFor[*].name")
-# Devices with their models, one line per device (`kubectl claimwarden devices` will replace this).
+# Devices with their models, one line per device (plain kubectl: `kubectl claimwarden devices` needs the plugin).
 DEVICE_ROW = '{{printf "%-12s %-7s %-17s %s\\n" '
 DEVICES_TEMPLATE = (f'go-template={DEVICE_ROW}"NODE" "DEVICE" "MODEL" "MEMORY"}}}}'
                     '{{range .items}}{{$node := .spec.nodeName}}{{range .spec.devices}}'
@@ -536,7 +536,7 @@ class Demo:
                      "custom-columns=NAME:.metadata.name,SELECTOR:.spec.selectors[*].cel.expression")
         self.kubectl("The fake driver publishes one ResourceSlice per node, listing that node's GPUs.",
                      "get", "resourceslices")
-        self.kubectl("Their devices with model and memory ('kubectl claimwarden devices' will show this).",
+        self.kubectl("Their devices with model and memory ('kubectl claimwarden devices' shows them too).",
                      "get", "resourceslices", "-o", DEVICES_TEMPLATE)
 
     def scene_template(self) -> None:

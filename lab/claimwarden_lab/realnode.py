@@ -1,7 +1,7 @@
 """One real node beside the kwok nodes: a kubelet of the lab's version with containerd, runc and the
 CNI bridge from Debian (`claimwarden lab up --real-node`), so that `manifests/base` runs as a real pod.
 
-What this host needs, each found by running it here (README, "A real node"):
+What this host needs, each found by running it here (docs/development/real-node.md, "A real node"):
 - containerd's `restrict_oom_score_adj`: the sandbox lacks CAP_SYS_RESOURCE, and runc cannot give the
   pause container the kubelet's oom_score_adj -998 ("can't get final child's PID from pipe: EOF").
 - CNI plugins where Debian installs them (/usr/lib/cni), not containerd's default /opt/cni/bin.

@@ -104,7 +104,7 @@ class RunSettings:
     election: ElectionSettings | None  # None with --leader-elect=false: this process leads at once
     health: HealthSettings
     webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
-    handoff: HandoffSettings = field(default_factory=HandoffSettings)  # README "Hand-off to repair"
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)  # docs/guides/handoff-to-repair.md
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none

@@ -1,6 +1,6 @@
 """Who may approve, and who may mark, checked by the real API server (issue 20, findings 6 and 9).
 
-README "The breaker" and "Who may mark". People are impersonated (the lab's admin may impersonate):
+docs/concepts/safety.md "The breaker" and "Who may mark". People are impersonated (the lab's admin may impersonate):
 `marker` and `bob` write records but approve nothing, `alice` is in the approvers group; on slices,
 `gpu-driver` plays a DRA driver's node pod with slice write, `ops` is in the operators group.
 claimwarden runs here with `--breaker-max-pods=0`: every NoExecute eviction waits for an approval, so

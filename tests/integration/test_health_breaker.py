@@ -1,6 +1,6 @@
 """The blast-radius breaker in a 20-node lab, and the admission policy that makes approvals honest.
 
-README "What claimwarden will not do without asking". claimwarden runs with its defaults here
+docs/concepts/safety.md. claimwarden runs with its defaults here
 (`--breaker-max-fraction=0.3`, `--eviction-qps=10 --eviction-burst=20`).
 """
 

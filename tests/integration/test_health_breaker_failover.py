@@ -1,5 +1,6 @@
 """The breaker's limit holds across a failover: the leader is SIGKILLed right after its first evictions, and the
-new leader evicts no more than the limit allows in total (issue 20, finding 3; README "State after a restart").
+new leader evicts no more than the limit allows in total (issue 20, finding 3; docs/concepts/safety.md "State after a
+restart").
 
 Before the window was written ahead (health/window.py), the killed leader's evictions lived in its memory
 until the record's status was written, seconds later; the new leader counted none of them and allowed a

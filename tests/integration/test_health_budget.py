@@ -1,5 +1,5 @@
 """The eviction budget (`--eviction-qps`, `--eviction-burst`): the defaults empty one broken node at
-once; a small budget spaces the calls out (README "What claimwarden will not do without asking")."""
+once; a small budget spaces the calls out (docs/concepts/safety.md)."""
 
 from __future__ import annotations
 

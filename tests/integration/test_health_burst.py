@@ -1,6 +1,6 @@
 """A burst: many pods on one marked device are evicted at once, in parallel. A PodDisruptionBudget still
 holds them back (and the record says so), and the record counts every eviction the apiserver saw
-while its status is written a few times, not once per pod (README "The eviction budget")."""
+while its status is written a few times, not once per pod (docs/concepts/safety.md "The eviction budget")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Drain modes: Immediate, AllowCompletion and EvictAfter=<duration>, with pods that finish and pods
-that do not (README "Drain modes"). kwok plays the kubelet, so a pod "finishes" when the test sets
+that do not (docs/concepts/safety.md "Drain modes"). kwok plays the kubelet, so a pod "finishes" when the test sets
 its phase to Succeeded, as a kubelet would."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tenants share the eviction budget fairly (README "The eviction budget"; issue 20 finding 8).
+"""Tenants share the eviction budget fairly (docs/concepts/safety.md "The eviction budget"; issue 20 finding 8).
 
 Namespace A has many pods on one marked device, all behind a PodDisruptionBudget that refuses every
 eviction; namespace B has one pod on each of two other devices. With a small budget, B's pods are

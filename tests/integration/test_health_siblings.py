@@ -1,4 +1,4 @@
-"""A fault covers its fault domain (issue 22, part 1; README "Fault domains"), in a partitionable lab.
+"""A fault covers its fault domain (issue 22, part 1; docs/concepts/fault-domains.md), in a partitionable lab.
 
 One node, two GPUs, each offered whole and as two halves drawing from the GPU's counter set. Marking the whole
 gpu-0 evicts the pods on both of its halves, exactly once each, keeps every device of gpu-0 from new work while

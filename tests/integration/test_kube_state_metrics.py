@@ -98,7 +98,7 @@ def test_kube_state_metrics_serves_the_records_to_prometheus(
             exposition = ksm.metrics()
             for kind in ("resourceclaim", "resourceslice", "devicetaintrule"):
                 assert f"kube_customresource_{kind}_" not in exposition, (
-                    f"kube-state-metrics now serves {kind}: update the README and the alerts' notes")
+                    f"kube-state-metrics now serves {kind}: update docs/guides/alerting.md and the alerts' notes")
         finally:
             unmark(api, pool, device)
         wait_for("the record gone", lambda: record_for(api, pool, device) is None, 60)

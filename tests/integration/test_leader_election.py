@@ -170,9 +170,9 @@ def test_a_leader_whose_writes_arrive_late_writes_nothing_after_the_new_leaders_
 
     What is modelled: latency on the wire (lab/claimwarden_lab/forward.py). A write the old leader gave up
     on still arrives, as TCP delivers what was sent before a close. The bound this checks is the margin
-    of `lease - renew deadline` (10 s here) against an 8 s delay; a longer delay is not covered (README,
-    "Fencing, and its bound"). Without that margin (c768dd7: writes until the lease ended, by the
-    leader's clock) 8 of the old leader's writes landed after the new leader's first."""
+    of `lease - renew deadline` (10 s here) against an 8 s delay; a longer delay is not covered
+    (docs/concepts/high-availability.md, "Fencing, and its bound"). Without that margin (c768dd7: writes until the
+    lease ended, by the leader's clock) 8 of the old leader's writes landed after the new leader's first."""
     core = client.CoreV1Api(api)
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body=template("single-gpu"))
     settings = [f"--leader-elect-renew-deadline={SLOW_RENEW_DEADLINE}"]

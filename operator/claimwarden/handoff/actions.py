@@ -36,8 +36,8 @@ XID_ACTIONS: Mapping[str, str] = {
     # the catalogue's bucket is a bare-metal restart (RESTART_BM).
     "79": NODE_REBOOT,
 }
-"""The XIDs whose default claimwarden knows; any other XID recommends nothing unless a rule says so (README
-"Hand-off to repair" says which rows were checked against a stored copy of the catalogue)."""
+"""The XIDs whose default claimwarden knows; any other XID recommends nothing unless a rule says so
+(docs/guides/handoff-to-repair.md says which rows were checked against a stored copy of the catalogue)."""
 
 RECOVERY_ACTIONS: Mapping[str, str] = {
     # NVML's nvmlDeviceGetRecoveryAction / DCGM field 1523 (DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION), as the

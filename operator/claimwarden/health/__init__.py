@@ -4,7 +4,7 @@ Modules, by what they decide or do:
 
 - ``records``, ``tolerations``, ``plan``: pure decisions (marks, drain modes, eviction times, object bodies).
 - ``breaker``, ``budget``: pure decisions on how much may be evicted: the blast-radius breaker per
-  driver and the eviction budget, shared fairly over namespaces (README "What claimwarden will not do
+  driver and the eviction budget, shared fairly over namespaces (docs/concepts/safety.md "What claimwarden will not do
   without asking"); ``breaker_view``: the breaker's per-driver totals, kept up to date as claims,
   records and evictions change.
 - ``approval``: pure decision on which approvals count (an approver's, for the record's current
@@ -20,8 +20,8 @@ Modules, by what they decide or do:
 - ``wave``: the bookkeeping (statuses, Events, releases on quarantined devices) that waits while a
   wave of evictions is under way, so that the evictions go first.
 
-**The quarantine trap** (README "Keeping new work away"). A quarantine claim is a ResourceClaim in
-claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never
+**The quarantine trap** (docs/concepts/device-health.md "Keeping new work away"). A quarantine claim is a
+ResourceClaim in claimwarden's namespace whose ``status.allocation`` names the device and no pod; schedulers never
 hand out a device that an allocated claim holds. But kube-scheduler keeps allocated devices as a
 plain set (``allocateddevices.go``) and removes a device from it whenever *any* claim holding it is
 deallocated or deleted, even while the quarantine claim still holds it. Hence **one quarantine claim

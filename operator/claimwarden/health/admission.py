@@ -92,7 +92,7 @@ class AdmissionPolicies:
             self.marking_in_force = marking_in_force
             if not marking_in_force:
                 log.info("ValidatingAdmissionPolicy %s is not installed: whoever may write a ResourceSlice may mark "
-                         "its devices (README \"Who may mark\")", MARKING_POLICY)
+                         "its devices (docs/concepts/safety.md \"Who may mark\")", MARKING_POLICY)
         if recreated:
             log.warning("ValidatingAdmissionPolicy %s or its binding was created again since the last read: approvals "
                         "present now may have been set unchecked meanwhile and are removed", approval.POLICY)

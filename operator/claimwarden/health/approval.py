@@ -5,7 +5,7 @@ An approval is two annotations on an UnhealthyDevice, `claimwarden.io/approved-b
 records neither who set an annotation nor why, so the ValidatingAdmissionPolicy `claimwarden-approval`
 (manifests/approval) checks both when they are set: the requester is in the approvers group, the name
 is the requester's own, the generation is the record's at that moment, and no record is created
-approved (README "The breaker").
+approved (docs/concepts/safety.md "The breaker").
 
 claimwarden honours an approval only
 - while that policy and a binding that denies are installed (``policy_in_force``). Without them any

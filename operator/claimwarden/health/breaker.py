@@ -1,4 +1,4 @@
-"""The blast-radius breaker: one bad mark or script must not empty the cluster (README "What
+"""The blast-radius breaker: one bad mark or script must not empty the cluster (docs/concepts/safety.md "What
 claimwarden will not do without asking"). Pure decisions, no I/O.
 
 Per driver, claimwarden counts the pods that its NoExecute records would evict now (`pending`)

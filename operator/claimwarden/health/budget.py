@@ -1,4 +1,4 @@
-"""The eviction budget: tokens for the eviction calls of the process, handed out fairly (README "The
+"""The eviction budget: tokens for the eviction calls of the process, handed out fairly (docs/concepts/safety.md "The
 eviction budget").
 
 A token bucket: `qps` tokens are added per second up to `burst`; the bucket starts full, so a burst

@@ -63,7 +63,7 @@ FIRST_WRITE_SETTLE = 10.0  # seconds a record's first status may wait for its de
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """What `claimwarden run` was told about evicting (README "What claimwarden will not do without asking")."""
+    """What `claimwarden run` was told about evicting (docs/concepts/safety.md)."""
 
     breaker: breaker.Settings = field(default_factory=breaker.Settings)
     eviction_qps: float = DEFAULT_QPS
@@ -430,7 +430,7 @@ class HealthController:
         self._note_holders(name, holders, memory.holders)
         exclusive = set(record_plan.exclusive_holders)
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
-        # the pods to evict still hold the device, README "Keeping new work away").
+        # the pods to evict still hold the device, docs/concepts/device-health.md "Keeping new work away").
         verdict = await self._judge_approval(record)
         approved = verdict.honoured
         decision = self._breaker_for(record, ref, record_plan, approved)

@@ -1,4 +1,4 @@
-"""Fault domains: which devices a fault on one device takes with it (DESIGN.md §2.7, README "Fault domains").
+"""Fault domains: which devices a fault on one device takes with it (DESIGN.md §2.7, docs/concepts/fault-domains.md).
 
 A physical GPU and its partitions are separate devices in a ResourceSlice, and a driver that finds the GPU
 broken may taint only the device it saw fail. DRA publishes who belongs together in two ways:

@@ -7,7 +7,7 @@ eviction with 409 when the pod changed since the cache saw it; the pod is then r
 decision made again. A pod is evicted only while the record still says so and its claim holds the
 device reserved for it (or for the pod's PodGroup, with the pod using it: groups.py).
 
-A burst costs little more than the evictions themselves (README "The eviction budget",
+A burst costs little more than the evictions themselves (docs/concepts/safety.md "The eviction budget",
 throughput): evictions that wait for a read together share one metadata-only LIST of the records
 (a single eviction reads its record by name); the claim is taken from the cache when
 it agrees (a claim reserved for the running pod keeps its allocation) and read only to confirm a
@@ -18,7 +18,7 @@ their own that evictions of one record share (window.py, ahead.py); a new leader
 counts from one live LIST of the records (``seed``). PodDisruptionBudgets hold: a refusal is retried with
 back-off until the budget allows it or the mark is cleared.
 
-Right before the call the blast-radius breaker applies (breaker.py, README "What claimwarden will
+Right before the call the blast-radius breaker applies (breaker.py, docs/concepts/safety.md "What claimwarden will
 not do without asking"): unless the record's approval counts (approval.py), an
 eviction starts only while the driver's evictions in the window plus those in flight stay within
 its limit; the room taken is tracked in ``_in_flight`` until the eviction is counted in the window

@@ -170,7 +170,7 @@ def uses_device(claim: dict[str, Any], ref: DeviceRef) -> bool:
     An admin-access result (`adminAccess: true`, allowed only in namespaces labelled
     `resource.kubernetes.io/admin-access: "true"`) gives a diagnostics pod a device that others may be
     using; kube-scheduler does not count it as allocated. Such a pod is the one that looks at or repairs
-    a broken device, so claimwarden never evicts it for that device (README "Admin access").
+    a broken device, so claimwarden never evicts it for that device (docs/concepts/device-health.md "Admin access").
     """
     return is_allocated(claim) and any(names_device(result, ref) and not result.get("adminAccess")
                                        for result in allocation_results(claim))
@@ -308,7 +308,8 @@ def plan_record(
             if current is None or due < current.due:
                 earliest[pod] = Eviction(pod[0], pod[1], pod[2], str(metadata(claim).get("name") or ""), due)
     evict = sorted(earliest.values(), key=lambda e: (e.namespace, e.pod)) if effect == NO_EXECUTE else []
-    # Drain modes (README "Drain modes"): AllowCompletion evicts nobody, EvictAfter not before its deadline.
+    # Drain modes (docs/concepts/safety.md "Drain modes"): AllowCompletion evicts nobody, EvictAfter not before
+    # its deadline.
     drain = record_drain(record)
     deadline = marked_at + drain.after if drain.mode == DRAIN_EVICT_AFTER and drain.after is not None else None
     if drain.mode == DRAIN_ALLOW_COMPLETION:

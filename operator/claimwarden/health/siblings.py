@@ -1,4 +1,4 @@
-"""Siblings: a mark on a whole device is a mark on every device of its fault domain (README "Fault domains").
+"""Siblings: a mark on a whole device is a mark on every device of its fault domain (docs/concepts/fault-domains.md).
 
 A fatal fault of a GPU is a fault of its partitions too, yet a driver may taint (and a person may mark) only
 the device it saw fail. The leader therefore *derives* one UnhealthyDevice per sibling from each record whose

@@ -7,7 +7,7 @@ rules always name driver, pool and device; rules written by people or other tool
 
 Where DeviceTaintRule is served, the leader lists the rules every ``INTERVAL`` seconds (a read; the
 objects are few) and ``claimwarden_device_taint_rules_unselective`` counts those selecting every
-device, for the alert ClaimwardenDeviceTaintRuleSelectsEverything (README, "Alerts"). The series is
+device, for the alert ClaimwardenDeviceTaintRuleSelectsEverything (docs/reference/alerts.md). The series is
 absent where the API is not served. kube-state-metrics would be the natural source of this count,
 but v2.16 serves no custom-resource-state series for built-in types (kubernetes/kube-state-metrics#2681).
 """

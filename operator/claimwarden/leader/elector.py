@@ -14,7 +14,7 @@ apiserver some time after it left. So the leader *sends* writes only within the 
 its last renewal's start (`write_time_left`, which ``Kube`` asks right before each send and which
 caps the write's timeout). The rest of the lease, ``lease - renew deadline`` (5 s by default), is the
 time a write already on its way has to take effect before a standby may take over. A write that
-takes longer than that may still land after the new leader's first write: the README states this
+takes longer than that may still land after the new leader's first write: docs/concepts/high-availability.md states this
 bound ("Fencing, and its bound").
 """
 

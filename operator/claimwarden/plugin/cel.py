@@ -20,7 +20,7 @@ choice. It is hidden behind `Evaluator`, and this module fills what upstream's e
   `CelError` with the engine's message, never as "no match" (the scheduler fails the pod's
   whole scheduling attempt on them).
 
-Known differences (documented in the README): no runtime cost limit; two-variable
+Known differences (documented in docs/guides/kubectl-claimwarden.md): no runtime cost limit; two-variable
 comprehensions, sets, lists, URL/IP libraries are not there (a compile error names them);
 `quantity == "string"` is false here, an error in Go.
 """

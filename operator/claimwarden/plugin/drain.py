@@ -2,7 +2,7 @@
 Pure functions over the raw JSON of the node, its pods, the cluster's claims and PodDisruptionBudgets;
 drainer.py reads and writes.
 
-The order (README "kubectl claimwarden drain"):
+The order (docs/guides/drain.md):
 
 1. cordon the node;
 2. evict its DRA consumers: pods that use ResourceClaims (spec.resourceClaims, an extended-resource

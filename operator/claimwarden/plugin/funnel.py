@@ -436,7 +436,7 @@ class ClaimReport:
     problem: str = ""
     siblings: dict[str, list[str]] = field(default_factory=dict)
     """Allocated device ("driver/pool/device") -> the other devices of its fault domain (a mark of the whole
-    device takes them along, README "Fault domains")."""
+    device takes them along, docs/concepts/fault-domains.md)."""
 
 
 @dataclass

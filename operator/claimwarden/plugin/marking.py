@@ -1,5 +1,5 @@
 """mark / clear: which device a `[driver/]pool/device` argument names, and the record or annotation
-change that marks or clears it (the paths the README documents: an UnhealthyDevice record with
+change that marks or clears it (the paths docs/concepts/device-health.md documents: an UnhealthyDevice record with
 source `manual`, or removing the slice annotation a record came from). Pure functions."""
 
 from __future__ import annotations

@@ -241,8 +241,8 @@ class ReservationsController:
         status = claim.get("status") or {}
         # A generated claim (its pod's, its PodGroup's, or the scheduler's for an extended resource) on a
         # quarantined device is released by deleting it with its allocation (rule 2 of the quarantine trap,
-        # health/__init__.py; README "Keeping new work away"): a deallocation would wake pending pods while
-        # the scheduler briefly sees the device free.
+        # health/__init__.py; docs/concepts/device-health.md "Keeping new work away"): a deallocation would wake
+        # pending pods while the scheduler briefly sees the device free.
         keep_allocation = claim_plan.deallocate and _owned(claim) and self._quarantined(claim)
         # Rule 4: where the scheduler also retries pending pods on a claim's deletion (1.37+) and no DeviceTaintRule
         # keeps them off, even the deletion opens a window: the claim keeps its allocation and its delete-protection

@@ -1,4 +1,4 @@
-"""Device health from the signals a cluster already emits (README "Health from signals", issue 21).
+"""Device health from the signals a cluster already emits (docs/concepts/health-from-signals.md, issue 21).
 
 A device's signals become *observations* (source, signal, value, state, when), kept in the status of
 one UnhealthyDevice per device (``spec.source: signals``); a HealthPolicy decides from them what the

@@ -6,7 +6,7 @@ Alertmanager posts a group of alerts as JSON (`version: "4"`, `alerts[]` with `s
 - a *firing* alert is an Unhealthy observation, at its `startsAt`, keyed `{fingerprint}@{startsAt}` so that
   Alertmanager's repeated notifications (every group change, every repeat_interval) are one observation;
 - a *resolved* alert is never an observation: an exporter that crashes also "resolves" its alerts, so
-  resolving is not a healthy signal (README "The Alertmanager webhook").
+  resolving is not a healthy signal (docs/guides/alerting.md "The Alertmanager webhook").
 
 The device comes from the alert's labels, in this order:
 

@@ -54,7 +54,7 @@ Alertmanager, older than the boundary) must not come back as new on a fresh reco
 
 
 class RepairGate(Protocol):
-    """Whether a repair system still holds a record's recovery (README "Hand-off to repair")."""
+    """Whether a repair system still holds a record's recovery (docs/guides/handoff-to-repair.md)."""
 
     def recovery_hold(self, record: Body) -> str | None: ...
     async def held(self, record: Body, why: str) -> None: ...

@@ -28,15 +28,15 @@ a Shadow rule re-faulting within ``refaultWindow`` of a recovery says it would e
 the same signal and value within its window; at ``devices`` or more it is the workload's fault,
 not the hardware's: no mark (an Event and a metric, by the controller).
 
-**Recovery** is verified, never inferred (README "Recovery"). A mark held by a DriverTaint rule recovers
-when the driver removed that taint key after the newest fault; by a PodStatus rule, when only Healthy
-was reported for ``recovery.healthyHold`` after the newest Unhealthy (Unknown restarts the hold: the
-signal was lost); an Alertmanager or NodeCondition mark never recovers by itself: an alert resolving is
-not recovery (a crashed exporter also resolves its alerts). A person's verified clear (``verified_at``)
-always recovers and becomes the history's boundary: no observation at or before it counts again. An
-Enforce rule's fault that fires within ``recovery.refaultWindow`` of the last automatic recovery of an
-Enforce mark escalates: the effect becomes at least ``recovery.escalateTo``, and only a verified clear
-ends the mark. A device that flaps every 5 minutes is thus released once, then held.
+**Recovery** is verified, never inferred (docs/concepts/health-from-signals.md, "Resolved is not recovery"). A mark
+held by a DriverTaint rule recovers when the driver removed that taint key after the newest fault; by a PodStatus
+rule, when only Healthy was reported for ``recovery.healthyHold`` after the newest Unhealthy (Unknown restarts the
+hold: the signal was lost); an Alertmanager or NodeCondition mark never recovers by itself: an alert resolving is not
+recovery (a crashed exporter also resolves its alerts). A person's verified clear (``verified_at``) always recovers
+and becomes the history's boundary: no observation at or before it counts again. An Enforce rule's fault that fires
+within ``recovery.refaultWindow`` of the last automatic recovery of an Enforce mark escalates: the effect becomes at
+least ``recovery.escalateTo``, and only a verified clear ends the mark. A device that flaps every 5 minutes is thus
+released once, then held.
 
 **Orphaned marks.** Routing changing proves nothing about the device: when the policy or the rule that
 made the current mark is gone (a policy edited or deleted, its DeviceClass deleted, a CEL error, another

@@ -3,7 +3,7 @@
 A driver taints a device in its slice (``spec.devices[].taints[]``: ``key``, ``value``, ``effect``,
 ``timeAdded``; the apiserver defaults ``timeAdded`` when the driver leaves it out). NVIDIA's driver keeps
 only the latest value per key, so the history lives in claimwarden's record: each taint seen is an
-Unhealthy observation, each taint gone a Healthy one (README "Health from signals"). A taint's
+Unhealthy observation, each taint gone a Healthy one (docs/concepts/health-from-signals.md). A taint's
 identity is ``key=value@timeAdded``: the kubelet plugin helper's slice controller keeps the stored
 ``timeAdded`` when a driver republishes a taint with the same key, value and effect
 (``resourceslice.DevicesDeepEqual`` in k8s.io/dynamic-resource-allocation), so a republish is no new
