@@ -50,12 +50,12 @@ def test_a_bad_drain_is_refused_with_the_syntax(api: client.ApiClient, drain: st
     with pytest.raises(client.ApiException) as refused:
         _create(api, drain=drain)
     assert refused.value.status == 422
-    assert "drain must be Immediate, AllowCompletion or EvictAfter=<duration>" in json.loads(
+    assert "drain must be Immediate, AllowCompletion, Node or EvictAfter=<duration>" in json.loads(
         refused.value.body)["message"]
 
 
 def test_every_drain_mode_is_accepted(api: client.ApiClient) -> None:
-    for drain in ("Immediate", "AllowCompletion", "EvictAfter=30m", "EvictAfter=1h30m", "EvictAfter=45s"):
+    for drain in ("Immediate", "AllowCompletion", "Node", "EvictAfter=30m", "EvictAfter=1h30m", "EvictAfter=45s"):
         _create(api, drain=drain)
 
 

@@ -114,7 +114,7 @@ def test_a_bad_drain_annotation_is_refused_and_immediate_evicts_at_once(
         [warning] = wait_for("a Warning event on the slice", lambda: [
             e for e in events(api, "default", slice_name, "InvalidUnhealthyMark") if DRAIN + device in e.message], 30)
         assert warning.type == "Warning"
-        assert "'EvictAfter=2d' is not a drain mode; use Immediate, AllowCompletion or EvictAfter=<duration>" in \
+        assert "'EvictAfter=2d' is not a drain mode; use Immediate, AllowCompletion, Node or EvictAfter=<duration>" in \
             warning.message
         time.sleep(3)
         assert record_for(api, pool, device) is None

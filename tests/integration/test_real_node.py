@@ -6,6 +6,11 @@ the CNI bridge beside a kwok node. The image from test_image.py is imported into
 node carries the fake GPUs. The pod must pass its liveness probe, log in with its ServiceAccount's
 projected token, be admitted by the namespace's `restricted` Pod Security level, run as 65532
 without capabilities, and evict a pod from a device marked unhealthy.
+
+First, on the same lab, `kubectl claimwarden drain` empties the real node: a real kubelet stops the pods and
+confirms their end, and none stays Terminating (the pause container exits on SIGTERM at once, so a grace period is
+set but not waited out). The real node has no DRA driver (its kubelet prepares no claims:
+DESIGN.md, out of scope), so these pods use no claims; the DRA order is tested on kwok (test_plugin_drain.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import glob
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +68,38 @@ def _overlay(directory: Path) -> Path:
 def _status(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def test_drain_empties_the_real_node_and_leaves_no_pod_terminating(real_lab: LabState) -> None:
+    api = config.new_client_from_config(config_file=str(real_lab.kubeconfig))
+    core = client.CoreV1Api(api)
+    namespace = "real-node-drain"
+    core.create_namespace(body={"metadata": {"name": namespace}})
+    wait_for("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(
+        namespace, field_selector="metadata.name=default").items, 60)
+    grace = {"quick": 0, "graceful": 5}
+    for name, seconds in grace.items():
+        core.create_namespaced_pod(namespace, body={"metadata": {"name": name}, "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": realnode.NODE_NAME}, "terminationGracePeriodSeconds": seconds,
+            "containers": [{"name": "c", "image": realnode.PAUSE_IMAGE, "imagePullPolicy": "Never"}]}})
+    wait_for("both pods running on the real node", lambda: all(
+        core.read_namespaced_pod(n, namespace).status.phase == "Running" for n in grace), 120)
+    started = time.monotonic()
+    try:
+        drain = subprocess.run([str(Path(sys.executable).parent / "kubectl-claimwarden"), "drain", realnode.NODE_NAME,
+                                f"--kubeconfig={real_lab.kubeconfig}", "--force", "--timeout", "60s"],
+                               capture_output=True, text=True, timeout=90)
+        took = time.monotonic() - started
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        print(f"drained {realnode.NODE_NAME} in {took:.1f}s\n{drain.stdout}")
+        assert {f"evicted pod {namespace}/{n}" in drain.stdout for n in grace} == {True}
+        assert took <= max(grace.values()) + 30
+        # The kubelet confirmed each pod's end: none left, Terminating or not.
+        assert not core.list_namespaced_pod(namespace).items
+    finally:
+        core.patch_node(realnode.NODE_NAME, {"spec": {"unschedulable": None}})
+        core.delete_namespace(namespace)
+        api.close()
 
 
 def test_make_deploy_runs_claimwarden_as_a_real_pod_that_evicts(

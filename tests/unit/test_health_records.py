@@ -479,6 +479,7 @@ def test_a_manual_record_is_never_relabelled() -> None:
 @pytest.mark.parametrize(("text", "drain"), [
     ("Immediate", Drain("Immediate")),
     ("AllowCompletion", Drain("AllowCompletion")),
+    ("Node", Drain("Node")),
     ("EvictAfter=30m", Drain("EvictAfter", timedelta(minutes=30))),
     ("EvictAfter=1h30m", Drain("EvictAfter", timedelta(hours=1, minutes=30))),
     ("EvictAfter=45s", Drain("EvictAfter", timedelta(seconds=45))),
@@ -490,7 +491,7 @@ def test_parse_drain(text: str, drain: Drain) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "immediate", "EvictAfter", "EvictAfter=", "EvictAfter=30", "EvictAfter=2d",
-                                  "EvictAfter=-1m", "EvictAfter=30m10h", "EvictAfter: 30m", "Never"])
+                                  "EvictAfter=-1m", "EvictAfter=30m10h", "EvictAfter: 30m", "Never", "node"])
 def test_parse_drain_refuses(text: str) -> None:
     assert parse_drain(text) is None
 
@@ -517,7 +518,7 @@ def test_a_bad_drain_annotation_is_reported_and_changes_nothing() -> None:
     sync = plan_slice(slice_, records)
     assert sync.create == () and sync.update_drain == () and sync.delete == ()
     assert [e.key for e in sync.errors] == [DRAIN_ANNOTATION_PREFIX + "gpu-0", DRAIN_ANNOTATION_PREFIX + "gpu-1"]
-    assert "'Soon' is not a drain mode; use Immediate, AllowCompletion or EvictAfter=<duration>" in \
+    assert "'Soon' is not a drain mode; use Immediate, AllowCompletion, Node or EvictAfter=<duration>" in \
         sync.errors[0].message
 
 

@@ -109,7 +109,7 @@ def test_a_full_policy_parses() -> None:
                 {"name": "a", "source": "PodStatus", "effect": "None"}]},
      "spec.rules[1].name: 'a' is used by an earlier rule"),
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None", "drain": "Soon"}]},
-     "spec.rules[0].drain: 'Soon' is not Immediate, AllowCompletion or EvictAfter=<duration>"),
+     "spec.rules[0].drain: 'Soon' is not Immediate, AllowCompletion, Node or EvictAfter=<duration>"),
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None", "scope": "Rack"}]},
      "spec.rules[0].scope: 'Rack' is not one of Device, FaultDomain"),
     ({"rules": [{"name": "a", "source": "DriverTaint", "signal": "x", "effect": "None",

@@ -32,7 +32,7 @@ from ..kube.errors import ApiError
 from ..podclaims import allocated_devices, pod_claim_names
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from ..workqueue import WorkQueue
-from . import approval, breaker, groups, plan, records, siblings
+from . import approval, breaker, groups, node_drain, plan, records, siblings
 from .admission import AdmissionPolicies
 from .breaker_view import BreakerView
 from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
@@ -59,6 +59,7 @@ IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flig
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
 RULE_DEFER_MAX = 30.0  # seconds after the mark a DeviceTaintRule may wait for the record's evictions
 FIRST_WRITE_SETTLE = 10.0  # seconds a record's first status may wait for its device to settle
+NODE_DRAIN_RECHECK = 1.0  # seconds between looks at a drain Node record's node until it is empty
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class HealthController:
                                                   self.quarantine.taint_rule_api_gone)
         self.wave = Wave(lambda: self.evictions.queue.busy)
         self._memory: dict[str, RecordMemory] = {}
+        self._node_drain_seen: dict[str, tuple[frozenset[str], frozenset[str]]] = {}  # drain Node (node_drain.py)
         # The quarantine is the device's, whichever records mark it ("one claim per device", health/__init__.py):
         # what holders were seen when it was last synced, one sync at a time, and which device each record names
         # (to find its siblings once it is gone).
@@ -426,6 +428,8 @@ class HealthController:
                                        server_copies_tolerations=self.server_copies_tolerations(),
                                        evicted=self.evictions.evicted_pods(),
                                        podgroup_members=self.cache.pods_in_podgroup)
+        if records.record_drain(record).mode == records.DRAIN_NODE and records.record_effect(record) == "NoExecute":
+            record_plan = await self._drain_node(name, ref, record_plan, marked_at)
         holders = set(record_plan.holders)
         self._note_holders(name, holders, memory.holders)
         exclusive = set(record_plan.exclusive_holders)
@@ -460,6 +464,30 @@ class HealthController:
         await self._write_status(record, marked_at, record_plan, quarantine, rule, paused=paused, verdict=verdict,
                                  held_back=held_back,
                                  settle=_settling(record_plan, evicting_now=evicting_now, held_back=held_back))
+
+    async def _drain_node(self, name: str, ref: DeviceRef, record_plan: plan.RecordPlan,
+                          marked_at: datetime.datetime) -> plan.RecordPlan:
+        """drain Node: the record's evictions are those of its node's drain at the step it is at (node_drain.py),
+        looked at again every NODE_DRAIN_RECHECK s until the node is empty (the claims it waits for are not the
+        record's, so their events do not bring it back). A device tied to no one node drains as Immediate."""
+        node = plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
+        if node is None:
+            return record_plan
+        evicted = self.evictions.evicted_pods()
+        claims = list(self.cache.claims())
+        known = [pod for key in self.cache.pod_keys() if (pod := self.cache.pod(*key)) is not None
+                 and (pod.get("spec") or {}).get("nodeName") == node]
+        seen_pods, seen_claims = self._node_drain_seen.get(name, (frozenset(), frozenset()))
+        current = node_drain.plan_node_drain(node, known, claims, marked_at, evicted=evicted, seen_pods=seen_pods,
+                                             seen_claims=seen_claims, claimwarden_namespace=self.namespace)
+        if current.needs_other_pods:
+            current = node_drain.plan_node_drain(node, await self.kube.list_pods_on_node(node), claims, marked_at,
+                                                 evicted=evicted, seen_pods=current.seen_pods,
+                                                 seen_claims=current.seen_claims, claimwarden_namespace=self.namespace)
+        self._node_drain_seen[name] = (current.seen_pods, current.seen_claims)
+        if current.step < 5:
+            self.record_queue.add_after(name, NODE_DRAIN_RECHECK)
+        return dataclasses.replace(record_plan, evict=current.evict, pending=current.pending)
 
     async def _sync_quarantine(self, record: Body, ref: DeviceRef, record_plan: plan.RecordPlan,
                                planned: float) -> list[str]:
@@ -672,6 +700,7 @@ class HealthController:
 
     def _forget_record(self, name: str) -> None:
         self._memory.pop(name, None)
+        self._node_drain_seen.pop(name, None)
         self._approval_reported.pop(name, None)
         self._distrusted.discard(name)
         self._removed.pop(name, None)

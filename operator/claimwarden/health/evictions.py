@@ -325,7 +325,9 @@ class Evictions:
         self._on_evicted(record_name, self.counts.changed(record_name, time.monotonic()))
         reason = record["spec"].get("reason", "")
         # One Event, on the pod: the record's status counts its evictions and names the recent ones.
-        self.events.post(pod, "Warning", EVICTED, f"evicted: device {ref} is unhealthy: {reason}")
+        node_mode = records.record_drain(record).mode == records.DRAIN_NODE
+        whole_node = " (drain Node: its node is emptied)" if node_mode else ""
+        self.events.post(pod, "Warning", EVICTED, f"evicted: device {ref} is unhealthy{whole_node}: {reason}")
         log.info("pod %s/%s evicted from unhealthy device %s (%s)", namespace, pod_name, ref, reason)
 
     def _budget_for(self, key: Hashable) -> FairBudget:
@@ -466,6 +468,8 @@ class Evictions:
             return None
         if is_being_deleted(pod):
             return None
+        if records.record_drain(record).mode == records.DRAIN_NODE:
+            return record, pod, ref, pinned  # the pod is on the record's node (its UID pins it there): it goes
         # The claim from the cache is enough when it says yes: the pod is evicted only as it was seen
         # (running with this UID), and a claim reserved for a running pod keeps its allocation. Only a no is
         # confirmed with a read.

@@ -54,7 +54,8 @@ _EVICT_AFTER = re.compile(r"^EvictAfter=(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:(
 DRAIN_IMMEDIATE = "Immediate"
 DRAIN_ALLOW_COMPLETION = "AllowCompletion"
 DRAIN_EVICT_AFTER = "EvictAfter"
-DRAIN_SYNTAX = ("Immediate, AllowCompletion or EvictAfter=<duration> "
+DRAIN_NODE = "Node"  # the record's whole node, in the drain order (health/node_drain.py)
+DRAIN_SYNTAX = ("Immediate, AllowCompletion, Node or EvictAfter=<duration> "
                 "(like EvictAfter=30m, EvictAfter=1h30m, EvictAfter=45s)")
 
 
@@ -151,7 +152,7 @@ def record_effect(record: dict[str, Any]) -> str:
 class Drain:
     """How a NoExecute record empties its device (spec.drain)."""
 
-    mode: str  # DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION or DRAIN_EVICT_AFTER
+    mode: str  # DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION, DRAIN_NODE or DRAIN_EVICT_AFTER
     after: timedelta | None = None  # EvictAfter only
 
     def __str__(self) -> str:
@@ -161,8 +162,8 @@ class Drain:
 
 
 def parse_drain(text: str) -> Drain | None:
-    """`Immediate`, `AllowCompletion` or `EvictAfter=<h/m/s duration>`; None for anything else."""
-    if text in (DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION):
+    """`Immediate`, `AllowCompletion`, `Node` or `EvictAfter=<h/m/s duration>`; None for anything else."""
+    if text in (DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION, DRAIN_NODE):
         return Drain(text)
     match = _EVICT_AFTER.match(text)
     if match is None or not any(match.groups()):

@@ -274,6 +274,11 @@ class Kube:
     async def get_pod(self, namespace: str, name: str) -> Body | None:
         return await self.request("GET", _path(CORE, namespace, "pods", name), allow_missing=True)
 
+    async def list_pods_on_node(self, node: str) -> list[Body]:
+        """Every pod bound to `node` (a field selector on spec.nodeName: the cache holds only pods with claims)."""
+        result = await self._must("GET", f"{CORE}/pods", query={"fieldSelector": f"spec.nodeName={node}"})
+        return list(result.get("items") or [])
+
     async def apply_pod_claim_statuses(self, namespace: str, name: str, entries: list[dict[str, str]]) -> Body:
         """Server-side apply of only the given ``status.resourceClaimStatuses`` entries (a map list)."""
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},

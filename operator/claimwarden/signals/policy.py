@@ -222,7 +222,7 @@ def _parse_rule(body: object, where: str, errors: _Errors) -> Rule | None:
         workload_fault = WorkloadFault(devices or 2, window)
     drain = body.get("drain")
     if drain is not None and (not isinstance(drain, str) or parse_drain(drain) is None):
-        errors.add(f"{where}.drain", f"{drain!r} is not Immediate, AllowCompletion or EvictAfter=<duration>")
+        errors.add(f"{where}.drain", f"{drain!r} is not Immediate, AllowCompletion, Node or EvictAfter=<duration>")
     action = body.get("recommendedAction")
     if action is not None and action not in REPAIR_ACTIONS:
         errors.add(f"{where}.recommendedAction", f"{action!r} is not one of {', '.join(REPAIR_ACTIONS)}")
