@@ -119,7 +119,7 @@ def test_another_namespace_moves_every_object_and_reference() -> None:
     assert NAMESPACE not in text
     objects = helm_objects("monitoring.serviceMonitor.enabled=true", namespace="gpu-ops")
     cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicyBinding", "PriorityClass"}
     for (kind, name), obj in objects.items():
         assert obj["metadata"].get("namespace") == (None if kind in cluster_scoped else "gpu-ops"), (kind, name)
     for kind, name in (("ClusterRoleBinding", "claimwarden"), ("RoleBinding", "claimwarden-leader-election")):

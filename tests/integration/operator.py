@@ -51,6 +51,7 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness_port = free_port()
         self.metrics_port = free_port()
+        self.readiness_port = free_port()
 
     @property
     def running(self) -> bool:
@@ -65,6 +66,7 @@ class Operator:
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
              "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+             "--readiness", f"http://127.0.0.1:{self.readiness_port}/readyz",
              # Tests read a gauge right after the change it shows; the 5 s reuse is unit-tested.
              "--metrics-cache-period", "0",
              # Kopf's plain format is the bare message: the auditor needs the level to find ERRORs.
@@ -81,6 +83,10 @@ class Operator:
             raise AssertionError(f"claimwarden exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
         return "\nclaimwarden_leader 1.0" in text
+
+    def ready(self) -> bool:
+        """True when its /readyz answers 200 (readiness.py: indexed, and the Lease read within a lease duration)."""
+        return fetch(f"http://127.0.0.1:{self.readiness_port}/readyz") is not None
 
     def _alive(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

@@ -68,11 +68,13 @@ def _writers(events: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def test_only_the_leader_runs_the_controllers_and_the_standby_reports_zero(
         api: client.ApiClient, namespace: str, lab: LabState, replicas: list[Operator]) -> None:
-    _, standby = replicas
+    leader, standby = replicas
     audit = LabAudit(lab)
     assert _holder(api) == "replica-a"
     time.sleep(RETRY_SECONDS * 2)
     assert standby.running and not standby.leads()
+    # Both are ready (/readyz): leading or standing by, each indexed and reading the Lease.
+    assert leader.ready() and standby.ready()
     assert "\nclaimwarden_leader 0.0" in standby.metrics()
     # The cluster's gauges come from the leader only, so that sums over replicas stay true.
     assert "claimwarden_resource_claims{" not in standby.metrics()
