@@ -117,6 +117,9 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
           *_sets())
     installed = {p.metadata.name for p in _pods(core)}
     assert len(installed) == 2
+    # --wait waited for both to be ready: /readyz, leader and standby alike (readiness.py).
+    assert all(p.spec.containers[0].readiness_probe.http_get.path == "/readyz" and p.status.container_statuses[0].ready
+               for p in _pods(core))
     lease = wait_for("a leader", lambda: (spec := _lease(coordination)) and spec.holder_identity and spec, 60)
     assert lease.holder_identity in installed
     print(f"helm install --wait, then a leader: {time.monotonic() - started:.1f} s")
@@ -161,6 +164,8 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     assert not core.list_namespaced_service(NAMESPACE).items
     assert not core.list_namespaced_secret(NAMESPACE).items, "helm's release records are gone"
     assert not client.PolicyV1Api(api).list_namespaced_pod_disruption_budget(NAMESPACE).items
+    assert not client.NetworkingV1Api(api).list_namespaced_network_policy(NAMESPACE).items
+    assert not client.SchedulingV1Api(api).list_priority_class(label_selector=helm_label).items
     assert not client.ResourceV1Api(api).list_namespaced_resource_claim(NAMESPACE).items
     # What claimwarden wrote itself and Helm never owned: its Lease.
     assert [lease.metadata.name for lease in coordination.list_namespaced_lease(NAMESPACE).items] == ["claimwarden"]
