@@ -128,8 +128,10 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     upgrading = time.monotonic()
     samples = _upgrade_watching_the_lease(real_lab, coordination, "run.evictionQps=5")
     print(f"helm upgrade --wait: {time.monotonic() - upgrading:.1f} s")
-    upgraded = {p.metadata.name: p for p in _pods(core) if p.metadata.deletion_timestamp is None}
+    # Helm's --wait counts the new pods that are ready, not available: with minReadySeconds it returns while the
+    # Deployment still waits those seconds before it stops the last old pod.
     wait_for("the old pods gone", lambda: not {p.metadata.name for p in _pods(core)} & installed, 60)
+    upgraded = {p.metadata.name: p for p in _pods(core) if p.metadata.deletion_timestamp is None}
     assert len(upgraded) == 2 and not set(upgraded) & installed
     for pod in upgraded.values():
         assert "--eviction-qps=5" in pod.spec.containers[0].args, pod.spec.containers[0].args
