@@ -73,7 +73,7 @@ class Operator:
              "--log-format", "full", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env, "POD_NAME": self.identity})
         log.close()
-        wait_for("claimwarden's liveness endpoint", self._alive, 60)
+        wait_for("claimwarden's liveness endpoint", self.alive, 60)
         if lead:
             wait_for(f"{self.identity} to lead", self.leads, 60)
 
@@ -88,7 +88,8 @@ class Operator:
         """True when its /readyz answers 200 (readiness.py: indexed, and the Lease read within a lease duration)."""
         return fetch(f"http://127.0.0.1:{self.readiness_port}/readyz") is not None
 
-    def _alive(self) -> bool:
+    def alive(self) -> bool:
+        """True when its liveness endpoint answers; raises if the process has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"claimwarden exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         return fetch(f"http://127.0.0.1:{self.liveness_port}/healthz") is not None
