@@ -98,18 +98,32 @@ def write_pki(pki_dir: Path) -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
-def write_kubeconfig(path: Path, pki_dir: Path, server: str) -> None:
-    """An admin kubeconfig whose certificates are file references into ``pki_dir``."""
+def write_kubeconfig(path: Path, pki_dir: Path, server: str, *, user: str = "admin") -> None:
+    """A kubeconfig for `user` (default the admin) whose certificates are file references into ``pki_dir``."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "claimwarden-lab", "cluster": {
             "server": server, "certificate-authority": str(pki_dir / "ca.crt")}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate": str(pki_dir / "admin.crt"),
-            "client-key": str(pki_dir / "admin.key")}}],
-        "contexts": [{"name": "claimwarden-lab", "context": {"cluster": "claimwarden-lab", "user": "admin"}}],
+        "users": [{"name": user, "user": {
+            "client-certificate": str(pki_dir / f"{user}.crt"),
+            "client-key": str(pki_dir / f"{user}.key")}}],
+        "contexts": [{"name": "claimwarden-lab", "context": {"cluster": "claimwarden-lab", "user": user}}],
         "current-context": "claimwarden-lab",
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
+
+
+def write_user_kubeconfig(path: Path, pki_dir: Path, server: str, *, user: str, groups: tuple[str, ...] = ()) -> None:
+    """A person of the lab: a client certificate for `user` in `groups`, signed by the lab's CA, and its kubeconfig.
+    Unlike impersonation, any client (kubectl, the plugin) acts as that person with no extra header."""
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    key = _key()
+    cert = _signed(_name(user, *groups), key, ca_cert, ca_key,
+                   [(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False), (_usage(), True)])
+    _write_key(pki_dir / f"{user}.key", key)
+    _write_cert(pki_dir / f"{user}.crt", cert)
+    write_kubeconfig(path, pki_dir, server, user=user)

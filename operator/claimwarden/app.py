@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 import kopf
 from kubernetes import client as sync_client
 
-from . import __version__, kopf_diffbase, metrics, projections
+from . import __version__, kopf_diffbase, kopf_toggles, metrics, projections, readiness
 from .cache import (
     CLAIM_BY_DEVICE,
     CLAIM_BY_OWNER,
@@ -105,6 +106,7 @@ class RunSettings:
     health: HealthSettings
     webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
     handoff: HandoffSettings = field(default_factory=HandoffSettings)  # docs/guides/handoff-to-repair.md
+    readiness: str = ""  # the /readyz URL to serve (readiness.py); "" serves none
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
@@ -509,6 +511,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         kube.fence = runtime.elector.write_time_left
         runtime.election = asyncio.create_task(runtime.elector.run(), name="leader-election")
 
+    if run_settings.readiness:
+        memo.readiness = await readiness.serve(run_settings.readiness, lambda: ready(runtime))
+
     if "metrics" in run_settings.controllers:
         # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The
         # gauges walk every claim (and slice and record), so a result is reused for a while.
@@ -529,6 +534,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                 gauge(lambda: health.unselective_taint_rules() if runtime.leading else None)))
         memo.metrics_server = metrics.serve(run_settings.metrics_address, run_settings.metrics_port)
         log.info("metrics on http://%s:%d/metrics", run_settings.metrics_address, run_settings.metrics_port)
+
+
+def ready(runtime: Runtime) -> readiness.Readiness:
+    elector = runtime.elector
+    return readiness.decide(indexed=kopf_toggles.indexed(), last_contact=elector.contacted_at if elector else None,
+                            now=time.monotonic(), max_age=elector.settings.lease_seconds if elector else None)
 
 
 async def _start_webhook(run_settings: RunSettings, runtime: Runtime, signals: SignalsController,
@@ -583,6 +594,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await runtime.kube.close()
         if runtime.elector is not None and runtime.elector.kube is not runtime.kube:
             await runtime.elector.kube.close()
+    if memo.get("readiness") is not None:
+        await memo.readiness.cleanup()
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()

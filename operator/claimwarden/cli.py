@@ -135,6 +135,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="comma-separated controllers to run (default: all)")
     run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                      help="liveness endpoint URL to serve (default: %(default)s)")
+    run.add_argument("--readiness", default="",
+                     help="readiness endpoint URL to serve, e.g. http://0.0.0.0:8082/readyz: 200 once every watched "
+                          "resource is listed and while the Lease was read within a lease duration (default: none)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="metrics listen address")
     run.add_argument("--metrics-port", type=int, default=9090, help="metrics port (default: %(default)s)")
     run.add_argument("--namespace", default=None,
@@ -280,6 +283,13 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         client_ca_file=args.alert_client_ca_file, rate=args.alert_rate, burst=args.alert_burst)
     if webhook.problems():
         raise SettingsError("; ".join(webhook.problems()))
+    if args.readiness:
+        from .readiness import split_url
+
+        try:
+            split_url(args.readiness)
+        except ValueError as exc:
+            raise SettingsError(f"--readiness: {exc}") from None
     health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
@@ -293,6 +303,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
         api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
         workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None,
+        readiness=args.readiness,
         handoff=HandoffSettings(nvsentinel=args.nvsentinel_handoff, poll_seconds=args.nvsentinel_poll_period))
 
 

@@ -38,6 +38,10 @@ class CountedToggle(aiotoggles.Toggle):
 class CountingToggleSet(aiotoggles.ToggleSet):
     def __init__(self, fn: Callable[[Iterable[bool]], bool]) -> None:
         super().__init__(fn)
+        global _INDEXED
+        if fn is builtins.all:  # Kopf makes one ToggleSet(all): its orchestrator's operator_indexed
+            _INDEXED = self
+        self._ever_toggled = False  # empty, all() is true before the orchestrator adds its first toggle
         self._members: set[aiotoggles.Toggle] = set()
         self._on_count = 0
         self._became_on = asyncio.Event()
@@ -88,6 +92,7 @@ class CountingToggleSet(aiotoggles.ToggleSet):
 
     async def make_toggle(self, __val: bool = False, *, name: str | None = None) -> aiotoggles.Toggle:
         toggle = CountedToggle(__val, name=name, owner=self)
+        self._ever_toggled = True
         self._members.add(toggle)
         self._on_count += toggle.is_on()
         self._refresh()
@@ -102,6 +107,16 @@ class CountingToggleSet(aiotoggles.ToggleSet):
                 self._members.discard(toggle)
                 self._on_count -= toggle.is_on()
         self._refresh()
+
+
+_INDEXED: CountingToggleSet | None = None
+
+
+def indexed() -> bool:
+    """Kopf has listed every resource it watches once (readiness.py): its orchestrator's operator_indexed, the one
+    ToggleSet(all) it makes, holds a toggle per watched resource and is on once each resource's initial
+    listing is indexed (and its own blocker, held while it starts the watchers, is dropped)."""
+    return _INDEXED is not None and _INDEXED._ever_toggled and _INDEXED.is_on()
 
 
 def install() -> None:

@@ -119,10 +119,23 @@ def test_another_namespace_moves_every_object_and_reference() -> None:
     assert NAMESPACE not in text
     objects = helm_objects("monitoring.serviceMonitor.enabled=true", namespace="gpu-ops")
     cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicyBinding", "PriorityClass"}
     for (kind, name), obj in objects.items():
         assert obj["metadata"].get("namespace") == (None if kind in cluster_scoped else "gpu-ops"), (kind, name)
     for kind, name in (("ClusterRoleBinding", "claimwarden"), ("RoleBinding", "claimwarden-leader-election")):
         assert objects[(kind, name)]["subjects"] == [
             {"kind": "ServiceAccount", "name": "claimwarden", "namespace": "gpu-ops"}]
     assert objects[("ServiceMonitor", "claimwarden")]["spec"]["namespaceSelector"] == {"matchNames": ["gpu-ops"]}
+
+
+PEOPLE_ROLES = ["claimwarden-aggregate-to-view", "claimwarden-approver", "claimwarden-edit",
+                "claimwarden-health-reporter", "claimwarden-view"]
+
+
+def test_the_roles_for_people_come_with_base_unless_turned_off() -> None:
+    def people_roles(*sets: str) -> list[str]:
+        return sorted(name for kind, name in helm_objects(*sets) if kind == "ClusterRole" and name != "claimwarden")
+
+    assert people_roles() == PEOPLE_ROLES
+    assert people_roles("roles.enabled=false") == []
+    assert not [key for key in helm_objects() if key[0] == "ClusterRoleBinding" and key[1] != "claimwarden"]

@@ -24,6 +24,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "kubeconfig": ("/etc/claimwarden/kubeconfig", "/etc/claimwarden/kubeconfig"),
     "controllers": ("claims,health", ("claims", "health")),
     "liveness": ("http://0.0.0.0:8081/livez", "http://0.0.0.0:8081/livez"),
+    "readiness": ("http://0.0.0.0:8083/ready", "http://0.0.0.0:8083/ready"),
     "metricsAddress": ("127.0.0.1", "127.0.0.1"),
     "metricsPort": ("9191", 9191),
     "namespace": ("gpu-ops", "gpu-ops"),
@@ -94,13 +95,33 @@ def test_every_run_value_becomes_its_flag_as_claimwarden_run_parses_it() -> None
         assert getattr(parsed, attribute) == expected, key
     # The ports and the probe follow the flags.
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"health": 8081, "metrics": 9191}
+    assert ports == {"health": 8081, "ready": 8083, "metrics": 9191}
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "ready"}
+
+
+def test_no_readiness_url_leaves_the_probe_and_its_port_out() -> None:
+    container = _container(helm_objects("run.readiness="))
+    assert "readinessProbe" not in container and [p["name"] for p in container["ports"]] == ["health", "metrics"]
+    assert not [a for a in container["args"] if a.startswith("--readiness")]
+
+
+def test_the_priority_class_and_the_network_policy_follow_their_values() -> None:
+    objects = helm_objects("priorityClass.create=false", "priorityClassName=system-cluster-critical",
+                           "networkPolicy.metricsNamespaceSelector.matchLabels.team=observability")
+    assert ("PriorityClass", "claimwarden") not in objects
+    assert objects[("Deployment", "claimwarden")]["spec"]["template"]["spec"]["priorityClassName"] == (
+        "system-cluster-critical")
+    [rule] = objects[("NetworkPolicy", "claimwarden-metrics")]["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"metrics": "enabled", "team": "observability"}}}]
+    assert helm_objects("priorityClass.value=5000")[("PriorityClass", "claimwarden")]["value"] == 5000
+    assert not [k for k in helm_objects("networkPolicy.enabled=false") if k[0] == "NetworkPolicy"]
 
 
 def test_null_values_leave_their_flags_out() -> None:
     args = _container(helm_objects())["args"]
-    assert sorted(args) == ["--liveness=http://0.0.0.0:8080/healthz", "--log-format=json", "--metrics-port=9090"]
+    assert sorted(args) == ["--liveness=http://0.0.0.0:8080/healthz", "--log-format=json", "--metrics-port=9090",
+                            "--readiness=http://0.0.0.0:8082/readyz"]
 
 
 @pytest.mark.parametrize(("sets", "message"), [

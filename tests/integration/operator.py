@@ -51,6 +51,7 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness_port = free_port()
         self.metrics_port = free_port()
+        self.readiness_port = free_port()
 
     @property
     def running(self) -> bool:
@@ -65,13 +66,14 @@ class Operator:
             [sys.executable, "-m", "claimwarden", "run", "--kubeconfig", str(self.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
              "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+             "--readiness", f"http://127.0.0.1:{self.readiness_port}/readyz",
              # Tests read a gauge right after the change it shows; the 5 s reuse is unit-tested.
              "--metrics-cache-period", "0",
              # Kopf's plain format is the bare message: the auditor needs the level to find ERRORs.
              "--log-format", "full", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env, "POD_NAME": self.identity})
         log.close()
-        wait_for("claimwarden's liveness endpoint", self._alive, 60)
+        wait_for("claimwarden's liveness endpoint", self.alive, 60)
         if lead:
             wait_for(f"{self.identity} to lead", self.leads, 60)
 
@@ -82,7 +84,12 @@ class Operator:
         text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
         return "\nclaimwarden_leader 1.0" in text
 
-    def _alive(self) -> bool:
+    def ready(self) -> bool:
+        """True when its /readyz answers 200 (readiness.py: indexed, and the Lease read within a lease duration)."""
+        return fetch(f"http://127.0.0.1:{self.readiness_port}/readyz") is not None
+
+    def alive(self) -> bool:
+        """True when its liveness endpoint answers; raises if the process has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"claimwarden exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         return fetch(f"http://127.0.0.1:{self.liveness_port}/healthz") is not None

@@ -37,9 +37,10 @@ from .helpers import wait_for
 from .test_image import ROOT, VERSION
 
 NAMESPACE = "claimwarden-system"
-HANDOVER_MAX_GAP = 6.0
+HANDOVER_MAX_GAP = 10.0
 """Seconds without a leader that a rolling hand-over may cost: the standby's retry period (2 s) plus the lab's
-slack on a loaded machine; a leader that crashed instead would cost the lease duration (15 s)."""
+slack on a loaded machine (0.7-2.2 s measured idle, 5.9 s once under load); a leader that crashed instead of
+releasing the Lease would cost the lease duration (15 s), so this still tells the two apart."""
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,9 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
           *_sets())
     installed = {p.metadata.name for p in _pods(core)}
     assert len(installed) == 2
+    # --wait waited for both to be ready: /readyz, leader and standby alike (readiness.py).
+    assert all(p.spec.containers[0].readiness_probe.http_get.path == "/readyz" and p.status.container_statuses[0].ready
+               for p in _pods(core))
     lease = wait_for("a leader", lambda: (spec := _lease(coordination)) and spec.holder_identity and spec, 60)
     assert lease.holder_identity in installed
     print(f"helm install --wait, then a leader: {time.monotonic() - started:.1f} s")
@@ -126,8 +130,10 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     upgrading = time.monotonic()
     samples = _upgrade_watching_the_lease(real_lab, coordination, "run.evictionQps=5")
     print(f"helm upgrade --wait: {time.monotonic() - upgrading:.1f} s")
-    upgraded = {p.metadata.name: p for p in _pods(core) if p.metadata.deletion_timestamp is None}
+    # Helm's --wait counts the new pods that are ready, not available: with minReadySeconds it returns while the
+    # Deployment still waits those seconds before it stops the last old pod.
     wait_for("the old pods gone", lambda: not {p.metadata.name for p in _pods(core)} & installed, 60)
+    upgraded = {p.metadata.name: p for p in _pods(core) if p.metadata.deletion_timestamp is None}
     assert len(upgraded) == 2 and not set(upgraded) & installed
     for pod in upgraded.values():
         assert "--eviction-qps=5" in pod.spec.containers[0].args, pod.spec.containers[0].args
@@ -176,6 +182,8 @@ def test_helm_installs_upgrades_with_a_rolling_handover_and_uninstalls(
     assert kept_record is not None and kept_record["metadata"]["uid"] == record["metadata"]["uid"]
     assert [f"{NAMESPACE}/{c.metadata.name}" for c in client.ResourceV1Api(api).list_namespaced_resource_claim(
         NAMESPACE).items] == quarantine == [h for h in holders(api, pool, device) if h.startswith(f"{NAMESPACE}/")]
+    assert not client.NetworkingV1Api(api).list_namespaced_network_policy(NAMESPACE).items
+    assert not client.SchedulingV1Api(api).list_priority_class(label_selector=helm_label).items
     # What claimwarden wrote itself and Helm never owned: its Lease.
     assert [lease.metadata.name for lease in coordination.list_namespaced_lease(NAMESPACE).items] == ["claimwarden"]
     elapsed = datetime.timedelta(seconds=round(time.monotonic() - started))

@@ -150,7 +150,7 @@ def test_an_overlay_into_another_namespace_keeps_the_lease_and_the_quarantine_th
         assert not [a for a in container["args"] if a.startswith("--namespace")]
         downward = {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
         assert downward in container["env"]
-        [role] = [d for d in docs if d["kind"] == "ClusterRole"]
+        [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "claimwarden"]
         assert not [r for r in role["rules"] if "namespaces" in r["resources"]]
         (tmp_path / "rendered.yaml").write_text(rendered)
         _kubectl(state, "apply", "-f", str(tmp_path / "rendered.yaml"))

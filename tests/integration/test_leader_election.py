@@ -68,11 +68,13 @@ def _writers(events: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def test_only_the_leader_runs_the_controllers_and_the_standby_reports_zero(
         api: client.ApiClient, namespace: str, lab: LabState, replicas: list[Operator]) -> None:
-    _, standby = replicas
+    leader, standby = replicas
     audit = LabAudit(lab)
     assert _holder(api) == "replica-a"
     time.sleep(RETRY_SECONDS * 2)
     assert standby.running and not standby.leads()
+    # Both are ready (/readyz): leading or standing by, each indexed and reading the Lease.
+    assert leader.ready() and standby.ready()
     assert "\nclaimwarden_leader 0.0" in standby.metrics()
     # The cluster's gauges come from the leader only, so that sums over replicas stay true.
     assert "claimwarden_resource_claims{" not in standby.metrics()
@@ -237,3 +239,26 @@ def test_a_leader_whose_writes_arrive_late_writes_nothing_after_the_new_leaders_
 def _seconds(events: list[dict[str, Any]], since: datetime.datetime) -> str:
     arrivals = [(_time(e["requestReceivedTimestamp"]) - since).total_seconds() for e in events]
     return f"{min(arrivals):.1f}-{max(arrivals):.1f} s after" if arrivals else "never"
+
+
+def test_a_standby_cut_off_from_the_apiserver_is_unready_but_alive_and_ready_again_after(
+        lab: LabState, claimwarden: Operator, tmp_path: Path) -> None:
+    """/readyz goes 503 within a lease duration of the cut (the Lease unread), liveness stays: not ready is not
+    dead, so the kubelet takes it out of the endpoints without restarting it; after the heal it is ready again."""
+    with SlowLink(lab, tmp_path) as link:
+        standby = Operator(link.kubeconfig(service_account_kubeconfig(lab)), tmp_path / "cut.log",
+                           identity="replica-cut")
+        try:
+            standby.start(lead=False)
+            wait_for("the standby ready", standby.ready, 30)
+            link.cut()
+            cut = time.monotonic()
+            wait_for("the standby unready", lambda: not standby.ready(), LEASE_SECONDS + 10, interval=0.5)
+            print(f"unready {time.monotonic() - cut:.1f} s after the cut")
+            assert time.monotonic() - cut >= LEASE_SECONDS - RETRY_SECONDS - 1  # not before the Lease read is old
+            assert standby.running and standby.alive()
+            link.heal()
+            wait_for("the standby ready again", standby.ready, 30, interval=0.5)
+            assert not standby.leads() and claimwarden.leads()
+        finally:
+            standby.stop()

@@ -55,11 +55,11 @@ A CEL list of strings as manifests/ writes it: ['a', 'b'].
 {{- end }}
 
 {{/*
-The port of a URL such as run.liveness (http://0.0.0.0:8080/healthz).
+The port of a URL such as run.liveness (http://0.0.0.0:8080/healthz) or run.readiness.
 */}}
 {{- define "claimwarden.urlPort" -}}
 {{- $host := (urlParse .).host }}
-{{- if not (contains ":" $host) }}{{ fail (printf "run.liveness %q names no port" .) }}{{ end }}
+{{- if not (contains ":" $host) }}{{ fail (printf "run.liveness or run.readiness %q names no port" .) }}{{ end }}
 {{- last (splitList ":" $host) }}
 {{- end }}
 

@@ -83,6 +83,7 @@ class Elector:
         self._observed: plan.Observed | None = None
         self._lease: dict[str, Any] | None = None
         self._renewed_at: float | None = None  # monotonic start of the last successful write as holder
+        self.contacted_at: float | None = None  # monotonic end of the last successful read of the Lease (readiness)
         self.leading = False
 
     def holds_lease(self) -> bool:
@@ -143,6 +144,7 @@ class Elector:
         except ApiError as exc:  # unreachable and timed-out requests included: the next round tries again
             log.warning("reading the lease failed: %s", exc)
             return False
+        self.contacted_at = self._clock()
         # What the read shows is dated when it returned: the holder may have renewed while it was on its way,
         # and dating that renewal from `started` would let this candidate take over before the holder's lease ends.
         decision = plan.decide(lease, identity=self.settings.identity, observed=self._observed, now=self._clock(),
