@@ -2,6 +2,10 @@
 the removal step that would free it (exit 1); once the mark is cleared, nothing is left to release (exit 0). It
 reads only: the audit log shows no write of the plugin's.
 
+`uninstall --hand-over` on a small lab of its own that serves DeviceTaintRule (preset device-taints): one unowned
+NoSchedule rule per marked device, a second run writes nothing, and with the marks gone the scheduler still keeps
+a pod off the device.
+
 The lab's audit policy records the writes of claimwarden's ServiceAccount only, so the plugin runs here with that
 ServiceAccount's token; its requests are told from the operator's by their user agent (claimwarden/...).
 """
@@ -14,13 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+import pytest
+from kubernetes import client, config
 
 from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
 
 from .auditor import WRITE_VERBS, LabAudit
-from .conftest import service_account_kubeconfig
-from .health_helpers import holders
+from .conftest import extra_lab, service_account_kubeconfig
+from .differential import decision
+from .health_helpers import GROUP, PLURAL, VERSION, holders
 from .helpers import taint_rule_version, wait_for
 from .operator import Operator
 
@@ -93,3 +99,66 @@ def test_uninstall_check_names_the_marked_device_its_quarantine_claim_and_writes
     assert after.returncode == 0, after.stdout + after.stderr
     assert after.stdout.strip() == "no marked devices: an uninstall releases nothing"
     assert _plugin_writes(audit.new_events()) == []
+
+
+def test_hand_over_leaves_an_unowned_noschedule_rule_that_keeps_the_device_off_without_the_marks(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    with extra_lab(tmp_path_factory, nodes=1, gpus_per_node=2, presets="device-taints") as lab, \
+            config.new_client_from_config(config_file=str(lab.kubeconfig)) as api:
+        version = taint_rule_version(api)
+        assert version, "the lab must serve DeviceTaintRule (preset device-taints)"
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        for device, effect in (("gpu-0", "NoExecute"), ("gpu-1", "NoSchedule")):
+            marked = plugin(lab, "mark", f"kwok-node-0/{device}", "--reason", "XID 79", "--effect", effect)
+            assert marked.returncode == 0, marked.stderr
+        # gpu-1 is kept off by a rule of someone else's already: no hand-over rule for it
+        custom.create_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", {
+            "apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule", "metadata": {"name": "theirs"},
+            "spec": {"deviceSelector": {"driver": DRIVER, "pool": "kwok-node-0", "device": "gpu-1"},
+                     "taint": {"key": "example.com/repair", "effect": "NoSchedule"}}})
+
+        first = plugin(lab, "uninstall", "--hand-over", "-o", "json")
+        assert first.returncode == 0, first.stdout + first.stderr
+        written = json.loads(first.stdout)
+        assert written["alreadyKeptOff"] == [f"{DRIVER}/kwok-node-0/gpu-1"] and len(written["written"]) == 1
+        name = written["written"][0]
+        rule = custom.get_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", name)
+        assert not rule["metadata"].get("ownerReferences")
+        assert rule["metadata"]["labels"] == {"claimwarden.io/handed-over": "true"}
+        assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": "kwok-node-0", "device": "gpu-0"}
+        assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+        again = plugin(lab, "uninstall", "--hand-over")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "0 rule(s) written; 2 of 2 marked device(s) stay kept off" in again.stdout, again.stdout
+        assert custom.get_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", name)[
+            "metadata"]["resourceVersion"] == rule["metadata"]["resourceVersion"]
+        checked = plugin(lab, "uninstall", "--check", "-o", "json")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert [(d["lastingTaintRules"], d["releasedBy"]) for d in json.loads(checked.stdout)["devices"]] == [
+            ([name], None), (["theirs"], None)]
+
+        # The uninstall takes the records (as deleting the CRDs would); the rule stays and keeps new pods off.
+        for record in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, record["metadata"]["name"])
+        namespace = "handed-over"
+        core.create_namespace({"metadata": {"name": namespace}})
+        custom.create_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpu-0"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "selectors": [
+                    {"cel": {"expression": 'device.attributes["gpu.example.com"].index == 0'}}]}}]}}})
+        core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wants-gpu-0"},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "registry.example/x:1",
+                                                                          "resources": {"claims": [{"name": "g"}]}}],
+                     "resourceClaims": [{"name": "g", "resourceClaimName": "gpu-0"}]}})
+        bound, why = decision(api, namespace, "wants-gpu-0")
+        assert not bound, why
+        print(f"wants-gpu-0: {why}")
+        # ...and it is the rule that does: deleted by hand (the device repaired), the pod gets the device.
+        for leftover in (name, "theirs"):
+            custom.delete_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", leftover)
+        wait_for("the pod bound once the hand-over rule is deleted",
+                 lambda: core.read_namespaced_pod("wants-gpu-0", namespace).spec.node_name, 30)
+        core.delete_namespaced_pod("wants-gpu-0", namespace, grace_period_seconds=0)
+        core.delete_namespace(namespace)

@@ -8,7 +8,14 @@ import pytest
 
 from claimwarden.health.records import RECORD_LABEL
 from claimwarden.plugin.snapshot import Snapshot
-from claimwarden.plugin.uninstall import plan, report, rule_keeps_off
+from claimwarden.plugin.uninstall import (
+    HANDED_OVER_LABEL,
+    hand_over_name,
+    hand_over_rules,
+    plan,
+    report,
+    rule_keeps_off,
+)
 
 from .plugin_fixtures import DRIVER, claim, request, slice_
 
@@ -117,3 +124,25 @@ def test_the_report_and_json_name_the_device_its_claim_and_the_step() -> None:
                                 "reason": "XID 79", "records": ["r0"], "quarantineClaims": [f"{NS}/q0"],
                                 "claimwardenTaintRules": [], "lastingTaintRules": [], "otherHolders": [],
                                 "releasedBy": "namespace"}]
+
+
+def test_hand_over_writes_one_unowned_noschedule_rule_per_device_not_yet_kept_off() -> None:
+    found = plan(snapshot([record("r1", "gpu-1"), record("r2", "gpu-2", effect="NoSchedule")],
+                          [quarantine("q1", "gpu-1")], [rule("theirs", "gpu-2"), rule("claimwarden-r1", "gpu-1",
+                                                                                          owner="r1")]))
+    rules = hand_over_rules(found, "resource.k8s.io/v1alpha3")
+    assert len(rules) == 1  # gpu-2 is kept off by a rule of someone else's already
+    body = rules[0]
+    assert body["apiVersion"] == "resource.k8s.io/v1alpha3" and body["kind"] == "DeviceTaintRule"
+    assert body["metadata"]["name"] == hand_over_name((DRIVER, "n0", "gpu-1"))
+    assert body["metadata"]["name"].startswith("handed-over-n0.gpu-1.")
+    assert body["metadata"]["labels"] == {HANDED_OVER_LABEL: "true"} and "ownerReferences" not in body["metadata"]
+    assert body["metadata"]["annotations"] == {"claimwarden.io/device": f"{DRIVER}/n0/gpu-1",
+                                               "claimwarden.io/reason": "NoExecute: XID 79"}
+    assert body["spec"] == {"deviceSelector": {"driver": DRIVER, "pool": "n0", "device": "gpu-1"},
+                            "taint": {"key": "claimwarden.io/unhealthy", "value": "unhealthy", "effect": "NoSchedule"}}
+    # Once written, the rule is a lasting one: the device outlives the uninstall, and a second run writes nothing.
+    again = plan(snapshot([record("r1", "gpu-1"), record("r2", "gpu-2", effect="NoSchedule")],
+                          [quarantine("q1", "gpu-1")], [rule("theirs", "gpu-2"), body]))
+    assert hand_over_rules(again, "resource.k8s.io/v1alpha3") == [] and again.freed == []
+    assert [r.lasting_rules for r in again.releases] == [(body["metadata"]["name"],), ("theirs",)]

@@ -7,6 +7,8 @@ Follows kubectl's conventions: --kubeconfig, --context, -n/--namespace, -A/--all
 object, a malformed selector); 3 the cluster cannot be reached or refuses. drain: 0 drained (or, with
 --dry-run, the plan printed); 1 not drained (--timeout passed, or pods need --force/--delete-emptydir-data).
 uninstall --check: 0 an uninstall frees no marked device; 1 it would hand one or more back to the scheduler.
+uninstall --hand-over: 0 every marked device is kept off by a DeviceTaintRule that outlives claimwarden; 2 the
+cluster serves no DeviceTaintRule.
 Errors are one line on stderr that names the fix, never a traceback.
 """
 
@@ -109,9 +111,14 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     _common(drain, output=())
     uninstall = sub.add_parser("uninstall", help="before removing claimwarden: which marked devices the scheduler "
                                                  "would get back (read-only)")
-    uninstall.add_argument("--check", action="store_true", required=True,
-                           help="list every marked device, what keeps new work off it, and which removal step "
-                                "(claimwarden, its namespace, the CRDs) would free it; exit 1 if any")
+    what = uninstall.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true",
+                      help="read-only: list every marked device, what keeps new work off it, and which removal step "
+                           "(claimwarden, its namespace, the CRDs) would free it; exit 1 if any")
+    what.add_argument("--hand-over", action="store_true",
+                      help="where DeviceTaintRule is served: write a NoSchedule DeviceTaintRule owned by nothing "
+                           "(label claimwarden.io/handed-over=true) for each marked device, which outlives the "
+                           "uninstall; writes nothing for a device already kept off so")
     _common(uninstall, output=("json", "yaml"))
     return top
 
@@ -442,8 +449,28 @@ def _uninstall(cluster: Any, args: argparse.Namespace) -> int:
     from .uninstall import plan, report
 
     found = plan(cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace))
+    if args.hand_over:
+        return _hand_over(cluster, found, args.output)
     if args.output:
         _emit(found.as_dict(), args.output)
     else:
         print("\n".join(report(found)))
     return EXIT_BAD if found.freed else EXIT_OK
+
+
+def _hand_over(cluster: Any, found: Any, output: str | None) -> int:
+    from .handover import HandOverError, hand_over
+
+    try:
+        written, kept = hand_over(cluster, found)
+    except HandOverError as exc:
+        raise InputError(str(exc)) from None
+    if output:
+        _emit({"written": written, "alreadyKeptOff": ["/".join(r.device) for r in kept]}, output)
+        return EXIT_OK
+    print("\n".join([f"handed over to devicetaintrule {name} (NoSchedule, owned by nothing)" for name in written]
+                    + [f"{'/'.join(r.device)}: already kept off by devicetaintrule {', '.join(r.lasting_rules)}"
+                       for r in kept]))
+    print(f"{len(written)} rule(s) written; {len(written) + len(kept)} of {len(found.releases)} marked device(s) "
+          "stay kept off after the uninstall; delete each rule once its device is repaired")
+    return EXIT_OK

@@ -11,6 +11,10 @@ What keeps new work off a marked device, and what takes each away (docs/installa
 The removal steps are taken in the documented order: claimwarden (its Deployment), then the namespace, then the
 CRDs. Removing claimwarden alone deletes nothing, but a device that other claims hold as well is forgotten by the
 scheduler when they let go (the quarantine trap, health/__init__.py rule 1), and nobody re-asserts the quarantine.
+
+uninstall --hand-over, where DeviceTaintRule is served, writes for each marked device that no lasting rule keeps
+off a NoSchedule DeviceTaintRule owned by nothing (``hand_over_rules``): it outlives claimwarden, its namespace and
+its CRDs, and is deleted by hand once the device is repaired. Running it again writes nothing.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from claimwarden.health.records import KIND as RECORD_KIND
+from claimwarden.health.records import NAME_MAX, TAINT_KEY, TAINT_VALUE, DeviceRef, record_name, truncate_name
 
 from .snapshot import DeviceId, Obj, Snapshot, name_of
 
 STEPS = ("claimwarden", "namespace", "crds")
 """The removal steps, in the documented order."""
 MARKING_EFFECTS = ("NoSchedule", "NoExecute")
+HANDED_OVER_LABEL = "claimwarden.io/handed-over"
+DEVICE_ANNOTATION = "claimwarden.io/device"
+REASON_ANNOTATION = "claimwarden.io/reason"
+HANDED_OVER_PREFIX = "handed-over-"
 _NARROWING = ("deviceClassName", "selectors")  # not evaluated here: such a rule is not counted as keeping a device
 
 
@@ -125,6 +134,34 @@ def plan(snapshot: Snapshot) -> Plan:
             released_by=_released_by(quarantine=bool(quarantine), claimwarden_rules=bool(ours),
                                      lasting_rules=bool(lasting), other_holders=bool(others))))
     return Plan(releases, taint_rules_served=snapshot.taint_rules is not None)
+
+
+def hand_over_rules(found: Plan, api_version: str) -> list[Obj]:
+    """The DeviceTaintRules that keep each marked device off after the uninstall: one per device that no lasting rule
+    keeps off yet. NoSchedule (a NoExecute rule would have upstream's eviction controller delete pods, past their
+    PodDisruptionBudgets), claimwarden's taint key and value (a pod tolerating the mark tolerates this), no owner."""
+    rules = []
+    for release in found.releases:
+        if release.lasting_rules:
+            continue
+        driver, pool, device = release.device
+        rules.append({
+            "apiVersion": api_version,
+            "kind": "DeviceTaintRule",
+            "metadata": {
+                "name": hand_over_name(release.device),
+                "labels": {HANDED_OVER_LABEL: "true"},
+                "annotations": {DEVICE_ANNOTATION: "/".join(release.device),
+                                REASON_ANNOTATION: f"{release.effect}: {release.reason}"},
+            },
+            "spec": {"deviceSelector": {"driver": driver, "pool": pool, "device": device},
+                     "taint": {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}},
+        })
+    return rules
+
+
+def hand_over_name(device: DeviceId) -> str:
+    return truncate_name(HANDED_OVER_PREFIX + record_name(DeviceRef(*device)), NAME_MAX)
 
 
 def report(found: Plan) -> list[str]:
