@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from claimwarden.plugin.uninstall import hand_over_name
 from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
 
 from .auditor import WRITE_VERBS, LabAudit
@@ -116,6 +117,20 @@ def test_hand_over_leaves_an_unowned_noschedule_rule_that_keeps_the_device_off_w
             "apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule", "metadata": {"name": "theirs"},
             "spec": {"deviceSelector": {"driver": DRIVER, "pool": "kwok-node-0", "device": "gpu-1"},
                      "taint": {"key": "example.com/repair", "effect": "NoSchedule"}}})
+
+        # A rule of someone else's under the hand-over rule's name is never overwritten: exit 2, nothing written.
+        squatter = hand_over_name((DRIVER, "kwok-node-0", "gpu-0"))
+        custom.create_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", {
+            "apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule", "metadata": {"name": squatter},
+            "spec": {"deviceSelector": {"driver": DRIVER, "pool": "kwok-node-0", "device": "gpu-1"},
+                     "taint": {"key": "example.com/other", "effect": "NoSchedule"}}})
+        refused = plugin(lab, "uninstall", "--hand-over")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"devicetaintrule {squatter} exists and is not the hand-over rule of {DRIVER}/kwok-node-0/gpu-0" \
+            in refused.stderr
+        rules = custom.list_cluster_custom_object("resource.k8s.io", version, "devicetaintrules")["items"]
+        assert sorted(r["metadata"]["name"] for r in rules) == sorted([squatter, "theirs"])
+        custom.delete_cluster_custom_object("resource.k8s.io", version, "devicetaintrules", squatter)
 
         first = plugin(lab, "uninstall", "--hand-over", "-o", "json")
         assert first.returncode == 0, first.stdout + first.stderr
