@@ -1,10 +1,14 @@
-"""`kubectl claimwarden explain | doctor | devices | mark | clear | approve | drain` (also `claimwarden <verb>`).
+"""`kubectl claimwarden explain | doctor | devices | mark | clear | approve | drain | uninstall` (also `claimwarden
+<verb>`).
 
 Follows kubectl's conventions: --kubeconfig, --context, -n/--namespace, -A/--all-namespaces,
 -o wide|json|yaml. Exit codes: 0 fine (explain: allocatable or allocated; doctor: no errors);
 1 the answer is bad (explain: blocked; doctor: error findings); 2 bad input (usage, a missing
 object, a malformed selector); 3 the cluster cannot be reached or refuses. drain: 0 drained (or, with
 --dry-run, the plan printed); 1 not drained (--timeout passed, or pods need --force/--delete-emptydir-data).
+uninstall --check: 0 an uninstall frees no marked device; 1 it would hand one or more back to the scheduler.
+uninstall --hand-over: 0 every marked device is kept off by a DeviceTaintRule that outlives claimwarden; 2 the
+cluster serves no DeviceTaintRule.
 Errors are one line on stderr that names the fix, never a traceback.
 """
 
@@ -18,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 EXIT_OK, EXIT_BAD, EXIT_INPUT, EXIT_CLUSTER = 0, 1, 2, 3
-VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain")
+VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain", "uninstall")
 DETAIL_WIDTH = 110
 
 
@@ -53,8 +57,8 @@ def _duration(text: str) -> timedelta:
 def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog=prog, description="Explain pending DRA claims, check the cluster, show devices, mark broken ones.",
-        epilog="exit codes: 0 fine; 1 blocked (explain) or errors found (doctor); 2 bad input; "
-               "3 cluster unreachable")
+        epilog="exit codes: 0 fine; 1 blocked (explain), errors found (doctor) or marked devices freed "
+               "(uninstall --check); 2 bad input; 3 cluster unreachable")
     sub = top.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}")
     explain = sub.add_parser("explain", help="why a pod's (or a claim's) devices can or cannot be allocated")
     explain.add_argument("target", help="pod/NAME or resourceclaim/NAME (a bare NAME is a pod)")
@@ -105,6 +109,17 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     drain.add_argument("--force", action="store_true", help="also evict pods that declare no controller")
     drain.add_argument("--delete-emptydir-data", action="store_true", help="also evict pods with emptyDir volumes")
     _common(drain, output=())
+    uninstall = sub.add_parser("uninstall", help="before removing claimwarden: which marked devices the scheduler "
+                                                 "would get back (read-only)")
+    what = uninstall.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true",
+                      help="read-only: list every marked device, what keeps new work off it, and which removal step "
+                           "(claimwarden, its namespace, the CRDs) would free it; exit 1 if any")
+    what.add_argument("--hand-over", action="store_true",
+                      help="where DeviceTaintRule is served: write a NoSchedule DeviceTaintRule owned by nothing "
+                           "(label claimwarden.io/handed-over=true) for each marked device, which outlives the "
+                           "uninstall; writes nothing for a device already kept off so")
+    _common(uninstall, output=("json", "yaml"))
     return top
 
 
@@ -118,7 +133,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kubectl claimwarden"
         return _fail(prog, str(exc), EXIT_CLUSTER)
     try:
         handler = {"explain": _explain, "doctor": _doctor, "devices": _devices, "mark": _mark, "clear": _clear,
-                   "approve": _approve, "drain": _drain}
+                   "approve": _approve, "drain": _drain, "uninstall": _uninstall}
         return handler[args.verb](cluster, args)
     except InputError as exc:
         return _fail(prog, str(exc), EXIT_INPUT)
@@ -426,3 +441,36 @@ def _drain(cluster: Any, args: argparse.Namespace) -> int:
         return drainer.run(cluster, settings, say=lambda line: print(line, flush=True))
     except drainer.NodeNotFound:
         raise InputError(f"node {args.node!r} not found; 'kubectl get nodes' lists them") from None
+
+
+# --- uninstall ----------------------------------------------------------------------------------
+
+def _uninstall(cluster: Any, args: argparse.Namespace) -> int:
+    from .uninstall import plan, report
+
+    found = plan(cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace))
+    if args.hand_over:
+        return _hand_over(cluster, found, args.output)
+    if args.output:
+        _emit(found.as_dict(), args.output)
+    else:
+        print("\n".join(report(found)))
+    return EXIT_BAD if found.freed else EXIT_OK
+
+
+def _hand_over(cluster: Any, found: Any, output: str | None) -> int:
+    from .handover import HandOverError, hand_over
+
+    try:
+        written, kept = hand_over(cluster, found)
+    except HandOverError as exc:
+        raise InputError(str(exc)) from None
+    if output:
+        _emit({"written": written, "alreadyKeptOff": ["/".join(r.device) for r in kept]}, output)
+        return EXIT_OK
+    print("\n".join([f"handed over to devicetaintrule {name} (NoSchedule, owned by nothing)" for name in written]
+                    + [f"{'/'.join(r.device)}: already kept off by devicetaintrule {', '.join(r.lasting_rules)}"
+                       for r in kept]))
+    print(f"{len(written)} rule(s) written; {len(written) + len(kept)} of {len(found.releases)} marked device(s) "
+          "stay kept off after the uninstall; delete each rule once its device is repaired")
+    return EXIT_OK
