@@ -4,6 +4,7 @@ the retry budget, never the shared one (budget.py; issue 20 finding 8)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from claimwarden.health import breaker
 from claimwarden.health.budget import FairBudget, TokenBucket
 from claimwarden.health.evictions import EvictionKey, Evictions
+from claimwarden.health.plan import Eviction
 from claimwarden.kube.errors import DISRUPTION_BUDGET_CAUSE, ApiError
 from claimwarden.workqueue import Requeue
 
@@ -142,4 +144,23 @@ def test_a_refused_eviction_that_goes_through_promotes_the_namespaces_next_to_th
         assert kube.calls[-1] == "a/p1"
         assert evictions._budget_for(_key("a", "p2")) is evictions.budget
         assert evictions._pdb_attempts.keys() == {_key("a", "p2")}  # promoted, its retry still to come
+    asyncio.run(run())
+
+
+def test_a_refused_eviction_scheduled_again_waits_out_its_back_off() -> None:
+    """A record looked at every second (drain Node, controller.NODE_DRAIN_RECHECK) schedules its evictions again
+    each time: one a PodDisruptionBudget refused must still wait its back-off, not be retried every second."""
+    async def run() -> None:
+        clock, kube = Clock(), _Kube(guarded="a")
+        evictions = _evictions(kube, clock, retry_qps=100)
+        key = _key("a", "p0")
+        with pytest.raises(Requeue) as refused:
+            await evictions.reconcile(key)
+        evictions.queue.add_after(key, refused.value.delay)  # what the worker does with the Requeue
+        moment = datetime.now(UTC)
+        evictions.schedule("record", Eviction("a", "p0", "uid-a-p0", "claim", moment), moment)
+        assert len(evictions.queue) == 0  # still waiting for its back-off timer
+        evictions.schedule("record", Eviction("b", "p0", "uid-b-p0", "claim", moment), moment)
+        assert len(evictions.queue) == 1  # a key never refused goes at once
+        evictions.queue.shutdown()
     asyncio.run(run())

@@ -139,6 +139,10 @@ class Evictions:
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
+        if key in self._pdb_attempts:
+            # A PodDisruptionBudget refused its last call: its back-off (``_blocked``) or a promotion brings it
+            # back. Queued now, a record looked at every second (drain Node) would retry it every second.
+            return
         self.queue.add_after(key, max((eviction.due - moment).total_seconds(), 0))
 
     def evicted(self, record: Body) -> int:
