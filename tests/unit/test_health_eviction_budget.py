@@ -164,3 +164,54 @@ def test_a_refused_eviction_scheduled_again_waits_out_its_back_off() -> None:
         assert len(evictions.queue) == 1  # a key never refused goes at once
         evictions.queue.shutdown()
     asyncio.run(run())
+
+
+class _NodeDrainKube(_Kube):
+    """A drain Node record of DEVICE; every claim holds another device; every pod runs on node-0."""
+
+    async def get_cluster_object(self, api: str, plural: str, name: str) -> dict[str, Any]:
+        record = await super().get_cluster_object(api, plural, name)
+        record["spec"]["drain"] = "Node"
+        return record
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return {**await super().get_pod(namespace, name), "spec": {"nodeName": "node-0"}}
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        claim = await super().get_claim(namespace, name)
+        claim["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-9"
+        return claim
+
+
+class _Slices:
+    """A cache holding only the slice of DEVICE's pool, `slice_spec` merged into its spec."""
+
+    def __init__(self, **slice_spec: Any) -> None:
+        self.slice = {"metadata": {"name": "s"}, "spec": {"driver": DEVICE["driver"], "pool": {"name": DEVICE["pool"]},
+                                                          "devices": [{"name": DEVICE["device"]}], **slice_spec}}
+
+    def resource_slices_of_pool(self, driver: str, pool: str) -> list[dict[str, Any]]:
+        return [self.slice]
+
+    def pod(self, namespace: str, name: str) -> None:
+        return None
+
+    def claim(self, namespace: str, name: str) -> None:
+        return None
+
+    def record(self, name: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("slice_spec", "evicted"), [({"nodeName": "node-0"}, True), ({"allNodes": True}, False)])
+def test_drain_node_skips_the_claim_check_only_for_pods_of_the_devices_node(slice_spec: dict[str, Any],
+                                                                            evicted: bool) -> None:
+    """drain Node evicts every pod of the device's node, whatever its claims hold; a device tied to no one node
+    drains as Immediate, so a pod whose claim does not hold it stays."""
+    async def run() -> None:
+        clock, kube = Clock(), _NodeDrainKube(guarded="none")
+        evictions = _evictions(kube, clock, retry_qps=1)
+        evictions.cache = _Slices(**slice_spec)  # type: ignore[assignment]
+        await evictions.reconcile(_key("a", "p0"))
+        assert kube.calls == (["a/p0"] if evicted else [])
+    asyncio.run(run())

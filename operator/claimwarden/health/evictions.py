@@ -472,8 +472,8 @@ class Evictions:
             return None
         if is_being_deleted(pod):
             return None
-        if records.record_drain(record).mode == records.DRAIN_NODE:
-            return record, pod, ref, pinned  # the pod is on the record's node (its UID pins it there): it goes
+        if records.record_drain(record).mode == records.DRAIN_NODE and self._on_device_node(pod, ref):
+            return record, pod, ref, pinned  # drain Node: any pod of the device's node goes
         # The claim from the cache is enough when it says yes: the pod is evicted only as it was seen
         # (running with this UID), and a claim reserved for a running pod keeps its allocation. Only a no is
         # confirmed with a read.
@@ -487,6 +487,14 @@ class Evictions:
         if not is_reserved_for(claim, uid) and not groups.holds_through_group(claim, pod):
             return None
         return record, pod, ref, pinned
+
+    def _on_device_node(self, pod: Body, ref: records.DeviceRef) -> bool:
+        """True when the pod runs on the node the device is tied to. A device tied to no one node (network-attached)
+        drains as Immediate (controller._drain_node), so its pods keep the check that their claim holds it."""
+        if self.cache is None:
+            return False
+        node = plan.slice_node(self.cache.resource_slices_of_pool(ref.driver, ref.pool), ref)
+        return node is not None and (pod.get("spec") or {}).get("nodeName") == node
 
     async def _read_record(self, name: str, *, shared: bool) -> Body | None:
         """The record as it is now in the API. `shared` (a burst): through a read that waiting evictions
