@@ -76,3 +76,12 @@ def test_then_every_other_pod_goes_without_the_plugins_refusals_and_daemonsets_s
 def test_a_dra_consumer_that_arrives_later_sends_the_drain_back_to_step_2() -> None:
     current = plan_node_drain(NODE, [_pod("web"), _pod("late", "gpu-c")], [_claim("gpu-c", "late")], MARKED)
     assert current.step == 2 and [e.pod for e in current.evict] == ["late"]
+
+
+def test_claimwardens_own_pods_stay_on_the_node() -> None:
+    ours = _pod("claimwarden-7d9f", owner="ReplicaSet")
+    ours["metadata"]["namespace"] = "gpu-ops"
+    current = plan_node_drain(NODE, [_pod("web"), ours], [], MARKED, claimwarden_namespace="gpu-ops")
+    assert [e.pod for e in current.evict] == ["web"] and current.pending == 1
+    done = plan_node_drain(NODE, [ours], [], MARKED, seen_pods=current.seen_pods, claimwarden_namespace="gpu-ops")
+    assert done.step == 5 and done.evict == ()

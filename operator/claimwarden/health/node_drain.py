@@ -10,8 +10,8 @@ the node later is evicted while the record stays.
 
 claimwarden's cache holds only pods with claims: the node's other pods are read from the API (a field selector
 on spec.nodeName), and only once the DRA consumers are gone and their claims released (`needs_other_pods`).
-DaemonSet and mirror pods are left alone, as by the plugin; the plugin's refusals (pods without a controller,
-emptyDir volumes) do not apply: a record evicts, it does not ask.
+DaemonSet and mirror pods are left alone, as by the plugin, and so are claimwarden's own pods; the plugin's
+refusals (pods without a controller, emptyDir volumes) do not apply: a record evicts, it does not ask.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def plan_node_drain(node: str, pods: Iterable[dict[str, Any]], claims: Iterable[
     claims; the others too once `needs_other_pods`), `claims` every claim of the cluster, `evicted` the UIDs of
     pods evicted already whose deletion the cache may not show yet, `seen_pods` and `seen_claims` what the last
     round returned."""
+    # claimwarden's own pods stay: evicting the leader would cost a fail-over and the drain's memory.
+    pods = [p for p in pods if (p.get("metadata") or {}).get("namespace") != claimwarden_namespace]
     current = drain.plan({"metadata": {"name": node}, "spec": {"unschedulable": True}}, pods, claims,
                          options=EVICT_ALL, seen_pods=seen_pods, seen_claims=seen_claims,
                          claimwarden_namespace=claimwarden_namespace)
