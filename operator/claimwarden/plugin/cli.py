@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 EXIT_OK, EXIT_BAD, EXIT_INPUT, EXIT_CLUSTER = 0, 1, 2, 3
-VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain", "uninstall")
+VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain", "uninstall", "version", "completion")
 DETAIL_WIDTH = 110
 
 
@@ -120,12 +120,29 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
                            "(label claimwarden.io/handed-over=true) for each marked device, which outlives the "
                            "uninstall; writes nothing for a device already kept off so")
     _common(uninstall, output=("json", "yaml"))
+    version = sub.add_parser("version", help="the plugin's version; with a reachable cluster also its version "
+                                             "and whether claimwarden's CRDs are installed")
+    version.add_argument("--client", action="store_true", help="the plugin's version only; read nothing")
+    version.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    version.add_argument("--context", help="kubeconfig context (default: the current one)")
+    version.add_argument("-o", "--output", choices=("json", "yaml"), help="output format: json|yaml")
+    completion = sub.add_parser("completion", help="print a shell completion script: "
+                                                   "'source <(kubectl claimwarden completion bash)'")
+    completion.add_argument("shell", choices=("bash", "zsh"))
     return top
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "kubectl claimwarden") -> int:
-    args = parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    top = parser(prog)
+    args = top.parse_args(list(sys.argv[1:] if argv is None else argv))
+    from . import meta
     from .read import Cluster, ClusterError
+
+    if args.verb == "completion":
+        print(meta.bash_completion(top) if args.shell == "bash" else meta.zsh_completion(top), end="")
+        return EXIT_OK
+    if args.verb == "version":
+        return meta.run_version(args, _emit)
 
     try:
         cluster = Cluster(kubeconfig=args.kubeconfig, context=args.context)
