@@ -149,6 +149,8 @@ def test_doctor_finds_every_planted_condition(plugin_lab: tuple[LabState, client
         assert expected <= found, f"not found: {expected - found}\n{result.stdout}"
         pending = next(f for f in findings if f["check"] == "pending-pod")
         assert "blocked by" in pending["message"]
+        names = run(lab, "doctor", "--pending-after=0s", "--stuck-after=0s", "-o", "name").stdout.splitlines()
+        assert {o for _, o in expected} <= set(names) and len(names) == len(set(names)), names
         text = run(lab, "doctor", "--pending-after=0s", "--stuck-after=0s", "-n", ns)
         assert text.returncode == 1 and "ERROR   leaked-device" in text.stdout, text.stdout
         print(text.stdout)
@@ -193,6 +195,9 @@ def test_verbs_exit_codes_and_one_line_errors(plugin_lab: tuple[LabState, client
         assert as_json["verdict"]["step"] == "count"
         devices = run(lab, "devices", "--state", "allocated")
         assert devices.returncode == 0 and f"{ns}/trainer" in devices.stdout, devices.stdout
+        held = json.loads(run(lab, "devices", "--state", "allocated", "-o", "json").stdout)["devices"]
+        named = run(lab, "devices", "--state", "allocated", "-o", "name")
+        assert named.stdout.splitlines() == [f"{d['driver']}/{d['pool']}/{d['device']}" for d in held], named.stdout
         # bad input: one line naming the fix, exit 2, never a traceback
         for args, words in [(("explain", "pod/nope", "-n", ns), "not found"),
                             (("explain", "deployment/x"), "pod/NAME or resourceclaim/NAME"),
@@ -231,4 +236,7 @@ def test_kubectl_finds_the_plugin(plugin_lab: tuple[LabState, client.ApiClient])
     helped = subprocess.run([f"{lab.bin_dir}/kubectl", "claimwarden", "--help"], capture_output=True, text=True,
                             env=env)
     assert helped.returncode == 0 and "explain" in helped.stdout and "doctor" in helped.stdout, helped.stderr
+    version = json.loads(run(lab, "version", "-o", "json").stdout)
+    assert version["crds"] == {"unhealthydevices": True, "healthpolicies": True}, version
+    assert version["serverVersion"]["gitVersion"].startswith("v1."), version
     assert QUARANTINE_NAMESPACE  # the plugin's default --claimwarden-namespace matches the operator's

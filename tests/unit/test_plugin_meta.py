@@ -79,3 +79,27 @@ def test_version_client_reads_no_kubeconfig(capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
     assert cli.main(["version", "--client"]) == cli.EXIT_OK
     assert capsys.readouterr().out == f"Client Version: claimwarden {__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "pod/x", "-A"],  # explain reads one namespace
+    ["doctor", "-o", "wide"],  # doctor prints the same text either way
+    ["devices", "-n", "ns"], ["devices", "-A"],  # devices are cluster-wide
+    ["mark", "p/d", "--reason", "r", "-n", "ns"], ["mark", "p/d", "--reason", "r", "-A"],
+    ["clear", "p/d", "-n", "ns"], ["clear", "p/d", "-A"],
+    ["approve", "p/d", "-n", "ns"], ["approve", "p/d", "-A"],
+    ["uninstall", "--check", "-n", "ns"], ["uninstall", "--check", "-A"],
+    ["drain", "node-0", "-n", "ns"], ["drain", "node-0", "-o", "json"],
+])
+def test_a_flag_the_verb_would_ignore_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.parser().parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err or "invalid choice" in err, err
+
+
+@pytest.mark.parametrize("argv", [["devices", "-o", "name"], ["doctor", "-o", "name"], ["doctor", "-A", "-n", "x"],
+                                  ["explain", "pod/x", "-n", "ns", "-o", "wide"]])
+def test_the_flags_each_verb_reads_are_accepted(argv: list[str]) -> None:
+    assert cli.parser().parse_args(argv).verb == argv[0]

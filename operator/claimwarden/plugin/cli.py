@@ -1,14 +1,15 @@
-"""`kubectl claimwarden explain | doctor | devices | mark | clear | approve | drain | uninstall` (also `claimwarden
-<verb>`).
+"""`kubectl claimwarden explain | doctor | devices | mark | clear | approve | drain | uninstall | version |
+completion` (also `claimwarden <verb>`).
 
 Follows kubectl's conventions: --kubeconfig, --context, -n/--namespace, -A/--all-namespaces,
--o wide|json|yaml. Exit codes: 0 fine (explain: allocatable or allocated; doctor: no errors);
-1 the answer is bad (explain: blocked; doctor: error findings); 2 bad input (usage, a missing
-object, a malformed selector); 3 the cluster cannot be reached or refuses. drain: 0 drained (or, with
---dry-run, the plan printed); 1 not drained (--timeout passed, or pods need --force/--delete-emptydir-data).
+-o wide|json|yaml|name; each verb takes only the flags its handler reads.
+Exit codes: 0 fine (explain: allocatable or allocated; doctor: no errors); 1 the answer is bad (explain: blocked;
+doctor: error findings); 2 bad input (usage, a missing object, a malformed selector); 3 the cluster cannot be
+reached or refuses. drain: 0 drained (or, with --dry-run, the plan printed); 1 not drained (--timeout passed, or
+pods need --force/--delete-emptydir-data).
 uninstall --check: 0 an uninstall frees no marked device; 1 it would hand one or more back to the scheduler.
 uninstall --hand-over: 0 every marked device is kept off by a DeviceTaintRule that outlives claimwarden; 2 the
-cluster serves no DeviceTaintRule.
+cluster serves no DeviceTaintRule. version and completion exit 0, with or without a cluster.
 Errors are one line on stderr that names the fix, never a traceback.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -30,16 +31,17 @@ class InputError(Exception):
     """Bad input; the message names the fix (exit 2)."""
 
 
-def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide", "json", "yaml")) -> None:
+def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide", "json", "yaml"),
+            namespaces: tuple[str, ...] = ()) -> None:
+    """The connection flags, plus only the namespace flags (`-n`, `-A`) the verb's handler reads."""
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
-    if not output:  # a node-wide verb (drain): no namespace, no output format
-        parser.add_argument("--claimwarden-namespace", default="claimwarden-system",
-                            help="claimwarden's own namespace, where its quarantine claims live (default: %(default)s)")
-        return
-    parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else 'default')")
-    parser.add_argument("-A", "--all-namespaces", action="store_true", help="all namespaces")
-    parser.add_argument("-o", "--output", choices=output, help="output format: " + "|".join(output))
+    if "-n" in namespaces:
+        parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else 'default')")
+    if "-A" in namespaces:
+        parser.add_argument("-A", "--all-namespaces", action="store_true", help="all namespaces")
+    if output:
+        parser.add_argument("-o", "--output", choices=output, help="output format: " + "|".join(output))
     parser.add_argument("--claimwarden-namespace", default="claimwarden-system",
                         help="claimwarden's own namespace, where its quarantine claims live (default: %(default)s)")
 
@@ -62,19 +64,19 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}")
     explain = sub.add_parser("explain", help="why a pod's (or a claim's) devices can or cannot be allocated")
     explain.add_argument("target", help="pod/NAME or resourceclaim/NAME (a bare NAME is a pod)")
-    _common(explain)
+    _common(explain, namespaces=("-n",))
     doctor = sub.add_parser("doctor", help="find what is wrong with claims and devices (all namespaces unless -n)")
     doctor.add_argument("--pending-after", type=_duration, default=timedelta(minutes=5),
                         help="report pods Pending on claims for longer than this (default: 5m)")
     doctor.add_argument("--stuck-after", type=_duration, default=timedelta(minutes=1),
                         help="report claims in deletion for longer than this (default: 1m)")
-    _common(doctor)
+    _common(doctor, output=("json", "yaml", "name"), namespaces=("-n", "-A"))
     devices = sub.add_parser("devices", help="one line per device: node, pool, device, model, state, holder")
     devices.add_argument("--node", help="only devices of this node")
     devices.add_argument("--state", choices=("free", "allocated", "marked", "quarantined"))
     devices.add_argument("-l", "--selector", help="device attributes, e.g. model=H100,index!=0 (bare names are "
                                                   "in the driver's domain)")
-    _common(devices)
+    _common(devices, output=("wide", "json", "yaml", "name"))
     mark = sub.add_parser("mark", help="mark a device unhealthy (an UnhealthyDevice record, source manual)")
     mark.add_argument("device", metavar="DEVICE", help="[driver/]pool/device, e.g. kwok-node-0/gpu-3")
     mark.add_argument("--reason", required=True, help="why (shows in events and the record)")
@@ -174,6 +176,12 @@ def _emit(data: Any, output: str | None) -> None:
         import yaml
 
         print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+
+
+def _names(names: Iterable[str]) -> None:
+    """-o name: one per line, nothing at all for none."""
+    for name in names:
+        print(name)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -292,6 +300,8 @@ def _doctor(cluster: Any, args: argparse.Namespace) -> int:
     if args.output in ("json", "yaml"):
         _emit({"findings": [f.as_dict() for f in findings], "errors": errors,
                "warnings": len(findings) - errors}, args.output)
+    elif args.output == "name":
+        _names(dict.fromkeys(o for f in findings for o in f.objects))
     elif not findings:
         print("no problems found")
     else:
@@ -315,6 +325,9 @@ def _devices(cluster: Any, args: argparse.Namespace) -> int:
         raise InputError(str(exc)) from None
     if args.output in ("json", "yaml"):
         _emit({"devices": [r.as_dict() for r in selected]}, args.output)
+        return EXIT_OK
+    if args.output == "name":  # the DEVICE form mark, clear and approve take
+        _names(f"{r.driver}/{r.pool}/{r.device}" for r in selected)
         return EXIT_OK
     if not selected:
         print("no devices" + (" match" if args.node or args.state or args.selector else " are published"),
