@@ -222,6 +222,11 @@ def test_verbs_exit_codes_and_one_line_errors(plugin_lab: tuple[LabState, client
         assert run(lab, "clear", "kwok-node-1/gpu-3").returncode == 0
         assert not [r for r in custom.list_cluster_custom_object(*RECORDS)["items"]
                     if r["metadata"]["name"] == record["metadata"]["name"]]
+        # --drain writes spec.drain as the CRD's rule accepts it (EvictAfter=90m: nobody is evicted in this test)
+        drained = run(lab, "mark", "kwok-node-1/gpu-2", "--reason", "ecc", "--drain", "EvictAfter=90m", "-o", "json")
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout)["spec"]["drain"] == "EvictAfter=1h30m"
+        assert run(lab, "clear", "kwok-node-1/gpu-2").returncode == 0
     finally:
         release(api, ns, "trainer", ["one"])
         release(api, ns, "big", ["nine"])

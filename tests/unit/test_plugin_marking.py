@@ -7,8 +7,11 @@ from typing import Any
 import pytest
 
 from claimwarden.health.records import DeviceRef
+from claimwarden.plugin import marking
 from claimwarden.plugin.marking import MarkError, approval, preview
 from claimwarden.plugin.snapshot import Snapshot
+
+from .plugin_fixtures import cluster
 
 REF = DeviceRef("gpu.example.com", "node-1", "gpu-0")
 
@@ -56,3 +59,25 @@ def test_approval_carries_the_users_name_and_the_generation_read_and_refuses_an_
         approval(record, "")
     with pytest.raises(MarkError, match="generation"):
         approval({"metadata": {"name": "rec"}}, "alice")
+
+
+def test_mark_drain_writes_spec_drain_and_refuses_what_the_crd_would() -> None:
+    snapshot = cluster(nodes=1, devices=2)
+    ref = marking.resolve(snapshot, "node-0/gpu-1")
+    for given, written in [("EvictAfter=90m", "EvictAfter=1h30m"), ("AllowCompletion", "AllowCompletion"),
+                           ("Node", "Node"), ("Immediate", "Immediate")]:
+        plan = marking.plan_mark(snapshot, ref, reason="xid 79", effect="NoExecute", expires_at=None, drain=given)
+        assert plan.create is not None and plan.create["spec"]["drain"] == written, given
+    unset = marking.plan_mark(snapshot, ref, reason="xid 79", effect="NoExecute", expires_at=None)
+    assert unset.create is not None and "drain" not in unset.create["spec"]
+    for bad in ("EvictAfter=", "EvictAfter=2d", "immediate", ""):
+        with pytest.raises(marking.MarkError, match=r"--drain .*EvictAfter=<duration>"):
+            marking.plan_mark(snapshot, ref, reason="x", effect="NoExecute", expires_at=None, drain=bad)
+    with pytest.raises(marking.MarkError, match="--effect NoSchedule evicts nobody"):
+        marking.plan_mark(snapshot, ref, reason="x", effect="NoSchedule", expires_at=None, drain="Node")
+    snapshot = cluster(nodes=1, devices=2)
+    snapshot.records = [unset.create]
+    again = marking.plan_mark(snapshot, ref, reason="x", effect="NoExecute", expires_at=None, drain="Node")
+    assert again.patch is not None and again.patch["spec"]["drain"] == "Node"
+    replaced = marking.plan_mark(snapshot, ref, reason="x", effect="NoExecute", expires_at=None)
+    assert replaced.patch is not None and replaced.patch["spec"]["drain"] is None  # back to the default

@@ -86,6 +86,9 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     mark.add_argument("--scope", choices=("Device", "FaultDomain"),
                       help="FaultDomain: the device and its siblings (devices sharing its counter sets or parent); "
                            "Device: the device alone (default: FaultDomain for a whole device, Device for a partition)")
+    mark.add_argument("--drain", metavar="MODE",
+                      help="how a NoExecute mark empties the device: Immediate (the default), AllowCompletion, "
+                           "EvictAfter=<duration> (EvictAfter=30m, 1h30m, 45s) or Node (its whole node)")
     mark.add_argument("--dry-run", action="store_true",
                       help="write nothing; show which pods a NoExecute mark would evict now")
     _common(mark, output=("json", "yaml"))
@@ -354,7 +357,7 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
     try:
         ref = resolve(snapshot, args.device)
         plan = plan_mark(snapshot, ref, reason=args.reason, effect=args.effect,
-                         expires_at=expiry(args.expires, snapshot.now), scope=args.scope)
+                         expires_at=expiry(args.expires, snapshot.now), scope=args.scope, drain=args.drain)
     except MarkError as exc:
         raise InputError(str(exc)) from None
     if args.dry_run:
@@ -371,6 +374,7 @@ def _mark(cluster: Any, args: argparse.Namespace) -> int:
     else:
         spec = body.get("spec") or {}
         expires = f", expires {spec['expiresAt']}" if spec.get("expiresAt") else ""
+        expires += f", drain {spec['drain']}" if spec.get("drain") else ""
         print(f"{ref}: {verb} {spec.get('effect')} ({spec.get('reason')}{expires}); "
               f"record {records.KIND.lower()}/{body['metadata']['name']}")
     return EXIT_OK

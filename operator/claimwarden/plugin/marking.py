@@ -67,14 +67,20 @@ class MarkPlan:
 
 
 def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, expires_at: str | None,
-              scope: str | None = None) -> MarkPlan:
-    """A new manual record, or a patch of the existing manual record of the device."""
+              scope: str | None = None, drain: str | None = None) -> MarkPlan:
+    """A new manual record, or a patch of the existing manual record of the device (a mark again replaces
+    expiresAt, scope and drain: those not given go back to their defaults)."""
     from claimwarden.health.siblings import SCOPES
 
     if effect not in records.EFFECTS:
         raise MarkError(f"--effect {effect!r}: choose one of {', '.join(records.EFFECTS)}")
     if scope is not None and scope not in SCOPES:
         raise MarkError(f"--scope {scope!r}: choose one of {', '.join(SCOPES)}")
+    mode = None if drain is None else records.parse_drain(drain)
+    if drain is not None and mode is None:
+        raise MarkError(f"--drain {drain!r}: use {records.DRAIN_SYNTAX}")
+    if mode is not None and effect != "NoExecute":
+        raise MarkError(f"--drain says how a NoExecute mark empties the device; --effect {effect} evicts nobody")
     if not reason.strip():
         raise MarkError("--reason is empty; say why the device is unhealthy (it shows in events and records)")
     spec: dict[str, Any] = {"driver": ref.driver, "pool": ref.pool, "device": ref.device, "effect": effect,
@@ -83,6 +89,8 @@ def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, e
         spec["expiresAt"] = expires_at
     if scope is not None:
         spec["scope"] = scope
+    if mode is not None:
+        spec["drain"] = str(mode)
     existing = snapshot.records_by_device.get((ref.driver, ref.pool, ref.device))
     from claimwarden.signals.records import is_signal_record
 
@@ -95,7 +103,7 @@ def plan_mark(snapshot: Snapshot, ref: DeviceRef, *, reason: str, effect: str, e
                         f"{existing['metadata']['name']}); change or remove the annotation instead")
     return MarkPlan(patch_name=existing["metadata"]["name"],
                     patch={"spec": {k: spec[k] for k in ("effect", "reason")}
-                           | {"expiresAt": expires_at, "scope": scope}})
+                           | {"expiresAt": expires_at, "scope": scope, "drain": spec.get("drain")}})
 
 
 @dataclass(frozen=True)
