@@ -357,9 +357,14 @@ def _run(args: argparse.Namespace) -> int:
     from . import kopf_toggles
 
     kopf_toggles.install()
-    kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
-             memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state, run_settings=settings),
-             identity=identity)
+    try:
+        kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
+                 memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state, run_settings=settings),
+                 identity=identity)
+    except Exception as exc:  # Kopf logged the failure with its traceback already; this is the process's end
+        logging.getLogger("claimwarden").error("Kopf stopped on an error (%s); exiting",
+                                               " ".join(f"{type(exc).__name__}: {exc}".split())[:300])
+        return 1
     return 0
 
 
