@@ -413,12 +413,19 @@ class Demo:
     def _install_crds(self, root: Path) -> None:
         assert self.state is not None
         kubectl = [f"{self.state.bin_dir}/kubectl", f"--kubeconfig={self.state.kubeconfig}"]
-        for args in (["apply", "-k", str(root / "crds")],
-                     ["wait", "--for=condition=Established", "--timeout=60s", "crd/unhealthydevices.claimwarden.io",
-                      "crd/healthpolicies.claimwarden.io"]):
-            result = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90, check=False)
-            if result.returncode:
-                raise DemoError(f"'kubectl {shlex.join(args)}' failed: {result.stderr.strip()}")
+        args = ["apply", "-k", str(root / "crds")]
+        result = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90, check=False)
+        if result.returncode:
+            raise DemoError(f"'kubectl {shlex.join(args)}' failed: {result.stderr.strip()}")
+        # Polled here rather than with `kubectl wait --for=condition=Established`: that fails at once ("accessor
+        # error") when it reads a CRD before the apiserver has written any condition.
+        names = ("unhealthydevices.claimwarden.io", "healthpolicies.claimwarden.io")
+        extensions = client.ApiextensionsV1Api(self.api)
+        deadline = time.monotonic() + 60
+        while not all(_established(extensions.read_custom_resource_definition(name)) for name in names):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the CRDs {', '.join(names)} were not Established within 60 s")
+            time.sleep(0.2)
         self.print("demo: installed the UnhealthyDevice and HealthPolicy CRDs (kubectl apply -k crds/)")
 
     def _start_claimwarden(self) -> None:
@@ -809,3 +816,8 @@ def run(options: DemoOptions, out: TextIO | None = None, environ: Mapping[str, s
     finally:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
+
+
+def _established(crd: client.V1CustomResourceDefinition) -> bool:
+    conditions = (crd.status.conditions if crd.status else None) or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)

@@ -89,7 +89,8 @@ def test_kube_state_metrics_serves_the_records_to_prometheus(
             evicted = f'kube_customresource_unhealthydevice_pods_evicted{{job="{KSM_JOB}",name="{name}"}}'
             wait_for(f"{evicted} >= 1", lambda: (prometheus.query(evicted) or 0) >= 1, 60)
             marked = f'kube_customresource_unhealthydevice_marked_timestamp_seconds{{name="{name}"}}'
-            assert (prometheus.query(marked) or 0) > 1.7e9, "status.markedAt as a Unix time"
+            # status.markedAt as a Unix time; waited for, as a scrape may come between two status writes.
+            wait_for(f"{marked} > 1.7e9", lambda: (prometheus.query(marked) or 0) > 1.7e9, 60)
             for expr in dashboard_exprs():
                 if "kube_customresource_" in expr:
                     assert prometheus.query_all(expr), f"the dashboard's {expr} has no data"
