@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from claimwarden.health.plan import slice_node
 from claimwarden.health.records import DeviceRef, label_value, record_effect, short_hash, to_subdomain_part
 from claimwarden.timestamps import format_rfc3339
 
@@ -79,15 +80,17 @@ def fault_key(record: Mapping[str, Any]) -> str:
 
 
 def device_node(ref: DeviceRef, slices: Iterable[Mapping[str, Any]]) -> tuple[str, Mapping[str, Any]] | None:
-    """The node of a published device and its slice entry (a slice's nodeName, or the device's own), or None."""
+    """The node of a published device (health.plan.slice_node) and its slice entry, or None."""
+    slices = list(slices)
+    node = slice_node(slices, ref)  # type: ignore[arg-type]
+    if node is None:
+        return None
     for slice_ in slices:
         spec = slice_.get("spec") or {}
-        if spec.get("driver") != ref.driver or (spec.get("pool") or {}).get("name") != ref.pool:
-            continue
-        for device in spec.get("devices") or []:
-            if device.get("name") == ref.device:
-                node = device.get("nodeName") or spec.get("nodeName")
-                return (str(node), device) if node else None
+        if spec.get("driver") == ref.driver and (spec.get("pool") or {}).get("name") == ref.pool:
+            device = next((d for d in spec.get("devices") or [] if d.get("name") == ref.device), None)
+            if device is not None:
+                return node, device
     return None
 
 
