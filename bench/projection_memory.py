@@ -1,8 +1,8 @@
 """How many bytes the claims index holds per claim whose user filled its annotations (256 KiB, the
 apiserver's limit) and labels, measured with tracemalloc while the projections are alive.
 
-"whole" keeps the metadata maps as they come (what projections.py did before issue 20); "projected"
-is projections.claim now. The same for a template with as much in spec.metadata.annotations.
+"whole" keeps the metadata maps as they come (what trimmed.py did before issue 20); "projected"
+is trimmed.claim now. The same for a template with as much in spec.metadata.annotations.
 
     .venv/bin/python bench/projection_memory.py [--claims 200]
 """
@@ -16,8 +16,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from claimwarden import projections
-from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects import trimmed
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION
 
 KIB = 1024
 ANNOTATIONS = {f"example.com/note-{i}": "x" * (KIB - 40) for i in range(255)}  # just under 256 KiB in all
@@ -46,7 +46,7 @@ def template(i: int) -> dict[str, Any]:
 
 
 def whole_claim(body: dict[str, Any]) -> dict[str, Any]:
-    projected = projections.claim(body)
+    projected = trimmed.claim(body)
     meta = body["metadata"]
     projected["metadata"].update({k: copy.deepcopy(meta[k]) for k in ("annotations", "labels") if k in meta})
     return projected
@@ -75,9 +75,9 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=200)
     args = parser.parse_args()
     rows = [("claim, whole metadata maps", held(claim, whole_claim, args.claims)),
-            ("claim, projected", held(claim, projections.claim, args.claims)),
+            ("claim, projected", held(claim, trimmed.claim, args.claims)),
             ("template, whole spec", held(template, whole_template, args.claims)),
-            ("template, projected", held(template, projections.template, args.claims))]
+            ("template, projected", held(template, trimmed.template, args.claims))]
     for what, per in rows:
         print(f"{what:28} {per / KIB:10.1f} KiB per object  {per * 2000 / KIB / KIB:8.1f} MiB for 2,000")
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import kopf
 from kubernetes import client as sync_client
 
-from . import __version__, kopf_diffbase, kopf_toggles, metrics, projections, readiness
+from . import __version__, metrics
 from .cache import (
     CLAIM_BY_DEVICE,
     CLAIM_BY_OWNER,
@@ -47,18 +47,13 @@ from .health.plan import is_quarantine_claim, scheduler_retries_on_claim_deletio
 from .kube.api import CONNECTION_POOL, Kube
 from .kube.login import client_configuration, connection_info
 from .leader.elector import ElectionSettings, Elector
-from .podclaims import (
-    allocated_devices,
-    claim_source,
-    controlling_pod_ref,
-    controlling_pod_uid,
-    has_claims,
-    is_allocated,
-    pod_claim_names,
-)
+from .objects import trimmed
+from .objects.claims import allocated_devices, claim_source, controlling_pod_ref, controlling_pod_uid, is_allocated
+from .objects.pods import has_claims, pod_claim_names
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
-from .runtime import Runtime, lost_lease
+from .runtime import kopf_diffbase, kopf_toggles, readiness
+from .runtime.operator import Runtime, lost_lease
 from .signals.controller import SignalsController
 from .signals.webhook import WebhookSettings
 from .timestamps import now, parse_rfc3339
@@ -149,7 +144,7 @@ async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> d
     plain = dict(body)
     if not has_claims(plain):
         return None
-    keys: dict[Any, Any] = {(namespace, name): projections.pod(body)}
+    keys: dict[Any, Any] = {(namespace, name): trimmed.pod(body)}
     for claim_name in pod_claim_names(plain):
         keys[(POD_BY_CLAIM, namespace, claim_name)] = name
     entries = (body.get("spec") or {}).get("resourceClaims") or []
@@ -170,7 +165,7 @@ async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf
     ("podgroup", namespace, controlling PodGroup UID) -> claim name (1.36+)."""
     namespace = namespace or ""
     plain = dict(body)
-    keys: dict[Any, Any] = {(namespace, name): projections.claim(body)}
+    keys: dict[Any, Any] = {(namespace, name): trimmed.claim(body)}
     uid = controlling_pod_uid(plain)
     if uid:
         keys[(CLAIM_BY_OWNER, namespace, uid)] = name
@@ -188,13 +183,13 @@ async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf
 @kopf.index(*TEMPLATES)
 async def templates_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     namespace = namespace or ""
-    return {(namespace, name): projections.template(body)}
+    return {(namespace, name): trimmed.template(body)}
 
 
 async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection; ("pool", driver, pool) -> slice name: which slices publish this pool (two while a
     driver re-creates its slice; a mark's record follows the one that carries the annotation)?"""
-    projection = projections.resource_slice(body)
+    projection = trimmed.resource_slice(body)
     spec = projection["spec"]
     keys: dict[Any, Any] = {name: projection}
     if spec.get("driver") and spec["pool"].get("name"):
@@ -204,24 +199,24 @@ async def slices_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]
 
 async def health_policies(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection: which HealthPolicies route devices (signals/policy.py Router)?"""
-    return {name: projections.health_policy(body)}
+    return {name: trimmed.health_policy(body)}
 
 
 async def device_classes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection (its CEL selectors): which devices does a HealthPolicy's deviceClassName name?"""
-    return {name: projections.device_class(body)}
+    return {name: trimmed.device_class(body)}
 
 
 async def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection (its conditions only): what do a device's node's conditions say?"""
-    return {name: projections.node(body)}
+    return {name: trimmed.node(body)}
 
 
 async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """name -> projection; ("device", driver, pool, device) -> record name: which records mark this
     device? (Asked on every claim and pod event; a scan of all records there made a burst of 1,000
     marks CPU-bound.)"""
-    keys: dict[Any, Any] = {name: projections.record(body)}
+    keys: dict[Any, Any] = {name: trimmed.record(body)}
     ref = records.record_ref(dict(body))
     if ref is not None:
         keys[(RECORD_BY_DEVICE, ref.driver, ref.pool, ref.device)] = name
@@ -337,7 +332,7 @@ async def device_class_event(memo: kopf.Memo, **_: Any) -> None:
 async def node_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
     if runtime is not None and runtime.signals is not None:
-        runtime.signals.enqueue_for_node(name, projections.node(body)["status"]["conditions"],
+        runtime.signals.enqueue_for_node(name, trimmed.node(body)["status"]["conditions"],
                                          deleted=type == "DELETED")
 
 
@@ -377,7 +372,7 @@ async def pod_groups(namespace: str | None, name: str, body: kopf.Body, **_: Any
     """(namespace, name) -> projection; ("template", namespace, template) -> PodGroup name: which
     PodGroups wait for this template? (Their members and claims are in the pods and claims indices.)"""
     namespace = namespace or ""
-    keys: dict[Any, Any] = {(namespace, name): projections.podgroup(body)}
+    keys: dict[Any, Any] = {(namespace, name): trimmed.podgroup(body)}
     for entry in (body.get("spec") or {}).get("resourceClaims") or []:
         if entry.get("resourceClaimTemplateName"):
             keys[(PODGROUP_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from .claims.podgroups import controlling_podgroup_uid
-from .podclaims import DeviceKey, allocated_devices, controlling_pod_uid
+from .objects.claims import DeviceKey, allocated_devices, controlling_pod_uid
 
 Body = dict[str, Any]
 Key = tuple[str, str]

@@ -310,7 +310,8 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import app, runtime
+    from . import app
+    from .runtime import operator as runtime
 
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         print(f"claimwarden: kubeconfig {args.kubeconfig} does not exist", file=sys.stderr)
@@ -354,7 +355,7 @@ def _run(args: argparse.Namespace) -> int:
     from .leader.elector import default_identity
 
     identity = Identity(settings.election.identity if settings.election else default_identity())
-    from . import kopf_toggles
+    from .runtime import kopf_toggles
 
     kopf_toggles.install()
     try:

@@ -13,15 +13,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from claimwarden.podclaims import (
+from claimwarden.objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
-    TERMINAL_PHASES,
     allocated_devices,
-    claim_statuses,
     controlling_pod_uid,
     is_allocated,
     is_pod_reservation,
 )
+from claimwarden.objects.pods import TERMINAL_PHASES, claim_statuses
 from tests.integration.auditor import CLAIMWARDEN_USER, repeated_evictions, shared_devices
 
 Object = dict[str, Any]

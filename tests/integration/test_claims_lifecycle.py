@@ -144,7 +144,7 @@ def test_template_labels_and_annotations_are_copied(api: client.ApiClient, names
 
 def test_a_template_too_big_to_keep_in_memory_still_gives_its_claims_every_label_and_annotation(
         api: client.ApiClient, namespace: str, claimwarden: Operator) -> None:
-    """Over projections.TEMPLATE_SPEC_KEPT (16 KiB) the index keeps the template without its spec; the
+    """Over trimmed.TEMPLATE_SPEC_KEPT (16 KiB) the index keeps the template without its spec; the
     claim is then made from the template read by name, with all it inherits."""
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     annotations = {f"example.com/note-{i}": "x" * 1000 for i in range(200)}  # about 200 KiB

@@ -7,7 +7,7 @@ import time
 
 from kubernetes import client
 
-from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION
 
 from .helpers import pod_with_claims, template, wait_for
 from .operator import Operator

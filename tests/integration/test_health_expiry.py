@@ -7,7 +7,7 @@ import time
 
 from kubernetes import client
 
-from claimwarden import runtime
+from claimwarden.runtime import operator as runtime
 
 from .health_helpers import create_record, delete_record, holders, record_for
 from .helpers import wait_for

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from claimwarden.cache import Cache, index_views
-from claimwarden.staleness import is_confirmed_gone, missing_from
+from claimwarden.runtime.staleness import is_confirmed_gone, missing_from
 
 from .claim_fixtures import pod_owner_reference
 
@@ -174,7 +174,7 @@ def test_podgroups_and_records_fold_into_the_one_index_of_their_kind() -> None:
     assert (view.podgroup("ns", "team") or {})["spec"] == group["spec"]
     assert view.podgroups_using_template("ns", "t") == ["team"] and view.podgroups_using_template("ns", "u") == []
     assert sorted(r["metadata"]["name"] for r in view.records()) == ["my-mark", "p.gpu-0.abc"]
-    assert view.record("my-mark") == app.projections.record(admins)
+    assert view.record("my-mark") == app.trimmed.record(admins)
     assert view.records_marking(("d", "p", "gpu-0")) == [view.record("my-mark"), view.record("p.gpu-0.abc")]
     assert view.records_marking(("d", "p", "gpu-1")) == []
     assert sorted(o["metadata"]["name"] for o in view.indexed()["unhealthydevices"]) == ["my-mark", "p.gpu-0.abc"]
@@ -205,4 +205,4 @@ def test_the_slices_of_a_pool_are_found_by_the_slice_index() -> None:
     assert [s["metadata"]["name"] for s in view.resource_slices_of_pool("e", "n0")] == ["x"]
     assert view.resource_slices_of_pool("d", "n2") == []
     assert sorted(view.resource_slice_names()) == ["n0-a", "n0-b", "n1-a", "x"]
-    assert len(view.resource_slices()) == 4 and view.resource_slice("n1-a") == app.projections.resource_slice(other)
+    assert len(view.resource_slices()) == 4 and view.resource_slice("n1-a") == app.trimmed.resource_slice(other)

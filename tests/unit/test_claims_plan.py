@@ -17,7 +17,7 @@ from claimwarden.claims.plan import (
     duplicate_claims,
     plan_pod,
 )
-from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
 
 from .claim_fixtures import pod_owner_reference
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from claimwarden import projections
 from claimwarden.health.plan import plan_record, pod_uses_claim
 from claimwarden.health.records import DeviceRef
-from claimwarden.podclaims import (
+from claimwarden.objects import trimmed
+from claimwarden.objects.claims import (
     DELETE_PROTECTION_FINALIZER,
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
-    extended_resource_claim_name,
-    has_claims,
     is_generated_claim,
-    pod_claim_names,
 )
+from claimwarden.objects.pods import extended_resource_claim_name, has_claims, pod_claim_names
 from claimwarden.reservations.plan import plan_claim, pod_view
 
 from .claim_fixtures import pod_owner_reference
@@ -75,9 +73,9 @@ def test_template_claims_come_first_then_the_extended_claim() -> None:
 
 
 def test_the_pod_projection_keeps_the_claim_name_and_drops_the_mappings() -> None:
-    projected = projections.pod(extended_pod())
+    projected = trimmed.pod(extended_pod())
     assert projected["status"]["extendedResourceClaimStatus"] == {"resourceClaimName": "worker-extended-resources-x"}
-    assert "extendedResourceClaimStatus" not in projections.pod(extended_pod(claim=None))["status"]
+    assert "extendedResourceClaimStatus" not in trimmed.pod(extended_pod(claim=None))["status"]
 
 
 def test_the_scheduler_claim_counts_as_generated_by_its_annotation() -> None:

@@ -14,7 +14,7 @@ from claimwarden.health.budget import FairBudget, TokenBucket
 from claimwarden.health.evictions import EvictionKey, Evictions
 from claimwarden.health.plan import Eviction
 from claimwarden.kube.errors import DISRUPTION_BUDGET_CAUSE, ApiError
-from claimwarden.workqueue import Requeue
+from claimwarden.runtime.workqueue import Requeue
 
 DEVICE = {"driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}
 

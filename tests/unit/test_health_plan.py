@@ -20,7 +20,7 @@ from claimwarden.health.plan import (
     taint_for,
 )
 from claimwarden.health.records import RECORD_LABEL, TAINT_KEY, DeviceRef, label_value, record_name
-from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION
 
 from .claim_fixtures import pod_owner_reference
 

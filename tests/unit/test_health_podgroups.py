@@ -9,7 +9,7 @@ from claimwarden.health.breaker import holding_pods
 from claimwarden.health.groups import group_pods, holds_through_group, members_of, uses_group_claim
 from claimwarden.health.plan import Eviction, plan_record
 from claimwarden.health.records import TAINT_KEY
-from claimwarden.podclaims import POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION
 
 MARKED = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 DRIVER = "gpu.example.com"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from claimwarden import projections
 from claimwarden.cache import Cache
 from claimwarden.health.plan import device_label
 from claimwarden.health.quarantine import Quarantine
 from claimwarden.health.records import RECORD_LABEL, DeviceRef, label_value
-from claimwarden.podclaims import allocated_devices
+from claimwarden.objects import trimmed
+from claimwarden.objects.claims import allocated_devices
 
 NS = "claimwarden-system"
 REF = DeviceRef("gpu.example.com", "node-0", "gpu-0")
@@ -58,7 +58,7 @@ def _quarantine(claims: list[dict[str, Any]], kube: FakeKube) -> Quarantine:
         "claims_by_record", "templates_by_name")}
     for claim in claims:
         name, label = claim["metadata"]["name"], claim["metadata"]["labels"][RECORD_LABEL]
-        indices["claims_by_name"][(NS, name)] = [projections.claim(claim)]
+        indices["claims_by_name"][(NS, name)] = [trimmed.claim(claim)]
         indices["claims_by_record"].setdefault((NS, label), []).append(name)
         for device in allocated_devices(claim):
             indices["claims_by_device"].setdefault(device, []).append((NS, name))

@@ -277,14 +277,14 @@ def test_an_annotation_on_a_device_with_a_derived_record_gets_a_record_of_its_ow
 
 
 def test_the_caches_projections_keep_what_the_plan_reads() -> None:
-    # The operator plans from projected slices and records (projections.py): counter sets, consumed counters
+    # The operator plans from projected slices and records (trimmed.py): counter sets, consumed counters
     # and the derived records' owner must survive the projection.
-    from claimwarden import projections
+    from claimwarden.objects import trimmed
 
-    slices = [projections.resource_slice(s) for s in example_driver_pool()]
+    slices = [trimmed.resource_slice(s) for s in example_driver_pool()]
     assert whole_devices(slices) == whole_devices(example_driver_pool())
     origin = record("o", "gpu-0")
-    have = [projections.record(r) for r in (origin, derived(origin, "gpu-0-partition-0"),
+    have = [trimmed.record(r) for r in (origin, derived(origin, "gpu-0-partition-0"),
                                             derived(origin, "gpu-0-partition-1"))]
     sync = siblings.plan_pool(DRIVER, POOL, have, slices)
     assert (sync.create, sync.patch, sync.delete) == ((), (), ())

@@ -5,9 +5,9 @@ whole device marked just before the leader changed never had its siblings marked
 
 from __future__ import annotations
 
-from claimwarden import projections
 from claimwarden.cache import Cache
 from claimwarden.health.controller import HealthController
+from claimwarden.objects import trimmed
 from tests.unit.test_health_quarantine_device import NS, FakeKube
 
 from .test_health_domains import DRIVER, example_driver_pool
@@ -22,8 +22,8 @@ def test_queueing_a_slice_or_a_record_without_its_event_queues_its_pool_from_the
               "spec": {"driver": DRIVER, "pool": "node-b", "device": "gpu-0", "effect": "NoExecute"}}
     empty = {name: {} for name in ("pods_by_name", "pods_by_claim", "pods_by_template", "claims_by_name",
                                    "claims_by_owner", "claims_by_device", "claims_by_record", "templates_by_name")}
-    cache = Cache({**empty, "slices_by_name": {s["metadata"]["name"]: [projections.resource_slice(s)] for s in slices},
-                   "records_by_name": {"broken-gpu-0": [projections.record(record)]}})
+    cache = Cache({**empty, "slices_by_name": {s["metadata"]["name"]: [trimmed.resource_slice(s)] for s in slices},
+                   "records_by_name": {"broken-gpu-0": [trimmed.record(record)]}})
     health = HealthController(cache, FakeKube(records=[]), NS)  # type: ignore[arg-type]
     health.enqueue_slice("node-a-0")
     health.enqueue_record("broken-gpu-0")

@@ -313,7 +313,7 @@ def test_the_entry_is_stored_before_the_eviction_call() -> None:
 
 
 def test_a_pod_refused_by_a_budget_counts_once_and_its_retry_takes_no_room_and_no_write() -> None:
-    from claimwarden.workqueue import Requeue
+    from claimwarden.runtime.workqueue import Requeue
 
     cluster = _Cluster(refuse=ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
                                        "disruption budget.", causes=("DisruptionBudget",)))

@@ -12,7 +12,12 @@ from kopf._cogs.structs import bodies
 from kopf._core.intents import registries
 
 from claimwarden import app
-from claimwarden.kopf_diffbase import DiffBaseNeeded, NullDiffBaseStorage, check_registry, handlers_needing_diffbase
+from claimwarden.runtime.kopf_diffbase import (
+    DiffBaseNeeded,
+    NullDiffBaseStorage,
+    check_registry,
+    handlers_needing_diffbase,
+)
 
 
 @pytest.fixture

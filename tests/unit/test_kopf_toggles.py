@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from kopf._cogs.aiokits import aiotoggles
 
-from claimwarden.kopf_toggles import CountingToggleSet, install
+from claimwarden.runtime.kopf_toggles import CountingToggleSet, install
 
 
 def test_all_set_is_on_only_when_every_toggle_is_on_and_empty_counts_as_on() -> None:

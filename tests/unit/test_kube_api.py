@@ -15,7 +15,7 @@ from kubernetes.aio import client as aio
 
 from claimwarden.kube.api import Kube, TokenBucket, refresh_due
 from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
-from claimwarden.workqueue import WorkQueue, run_workers
+from claimwarden.runtime.workqueue import WorkQueue, run_workers
 
 
 async def _silent_peer() -> tuple[asyncio.Server, int]:

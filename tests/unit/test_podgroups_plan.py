@@ -19,7 +19,7 @@ from claimwarden.claims.podgroups import (
     group_status_entries,
     plan_podgroup,
 )
-from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects.claims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from claimwarden.reservations.plan import plan_claim
 
 NS = "ns"
@@ -264,14 +264,14 @@ def test_a_claim_owned_by_a_podgroup_is_not_a_pods_claim() -> None:
 # --- what the indices keep ------------------------------------------------------------------------
 
 def test_projections_keep_what_podgroup_claims_need() -> None:
-    from claimwarden import projections
+    from claimwarden.objects import trimmed
 
-    pod = projections.pod({**member(), "status": {"phase": "Running"}})
+    pod = trimmed.pod({**member(), "status": {"phase": "Running"}})
     assert pod["spec"]["schedulingGroup"] == {"podGroupName": "team"}
-    assert "schedulingGroup" not in projections.pod(member(group=None))["spec"]
+    assert "schedulingGroup" not in trimmed.pod(member(group=None))["spec"]
     group = podgroup(statuses=[{"name": "gpu", "resourceClaimName": "team-gpu-abcde"}])
     group["metadata"]["finalizers"] = [podgroups.PROTECTION_FINALIZER]
-    projected = projections.podgroup(group)
+    projected = trimmed.podgroup(group)
     assert projected["apiVersion"] == "scheduling.k8s.io/v1beta1"  # staleness.py lists it at this version
     assert projected["spec"] == {"resourceClaims": group["spec"]["resourceClaims"]}
     assert projected["status"] == group["status"]

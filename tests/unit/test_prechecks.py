@@ -20,10 +20,10 @@ from claimwarden.cache import Cache, index_views
 from claimwarden.claims import plan as claims_plan
 from claimwarden.claims.controller import ClaimsController
 from claimwarden.claims.podgroups import GroupView
-from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects.claims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from claimwarden.reservations import plan as reservations_plan
 from claimwarden.reservations.controller import ReservationsController
-from claimwarden.runtime import Runtime
+from claimwarden.runtime.operator import Runtime
 
 NS = "ns"
 UID = "pod-uid"

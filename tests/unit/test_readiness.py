@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from claimwarden import kopf_toggles
-from claimwarden.kopf_toggles import CountingToggleSet
-from claimwarden.readiness import Readiness, decide, serve, split_url
+from claimwarden.runtime import kopf_toggles
+from claimwarden.runtime.kopf_toggles import CountingToggleSet
+from claimwarden.runtime.readiness import Readiness, decide, serve, split_url
 from claimwarden_lab.processes import free_port
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
+from claimwarden.objects.claims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION, RESERVED_FOR_MAX
 from claimwarden.reservations.plan import ClaimPlan, plan_claim, pod_view, reserved_for_predecessor
 
 from .claim_fixtures import pod_owner_reference

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from claimwarden import projections
 from claimwarden.cache import Cache
 from claimwarden.kube.errors import ApiError, NotServed
-from claimwarden.podclaims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
+from claimwarden.objects import trimmed
+from claimwarden.objects.claims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from claimwarden.reservations.controller import DeletedPods, ReservationsController
-from claimwarden.workqueue import Requeue
+from claimwarden.runtime.workqueue import Requeue
 
 NS = "ns"
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "d", "pool": "n1", "device": "gpu-0"}]}}
@@ -121,10 +121,10 @@ def controller(kube: FakeKube, *, cached_pods: list[dict[str, Any]] = (), cached
     indices: dict[str, Any] = {name: {} for name in names}
     indices["pods_by_name"] = {}
     for cached in cached_pods:
-        indices["pods_by_name"].setdefault((NS, cached["metadata"]["name"]), []).append(projections.pod(cached))
-    indices["claims_by_name"] = {(NS, "c"): [projections.claim(cached_claim)]} if cached_claim else {}
+        indices["pods_by_name"].setdefault((NS, cached["metadata"]["name"]), []).append(trimmed.pod(cached))
+    indices["claims_by_name"] = {(NS, "c"): [trimmed.claim(cached_claim)]} if cached_claim else {}
     if cached_podgroup is not None:
-        indices["podgroups_by_name"] = {(NS, "team"): [projections.podgroup(cached_podgroup)]}
+        indices["podgroups_by_name"] = {(NS, "team"): [trimmed.podgroup(cached_podgroup)]}
     return ReservationsController(Cache(indices), kube, lambda _claim: quarantined,  # type: ignore[arg-type]
                                   podgroup_version="v1beta1" if podgroups else None)
 
@@ -352,7 +352,7 @@ def test_a_claim_released_a_moment_ago_waits_before_its_next_release() -> None:
 
 
 def test_a_foreign_finalizer_before_delete_protection_costs_one_read_not_a_wrong_removal() -> None:
-    """The cached claim keeps only the finalizers claimwarden reads (projections.py), so the index of
+    """The cached claim keeps only the finalizers claimwarden reads (trimmed.py), so the index of
     delete-protection in it is wrong when another finalizer comes first: the patch's test op fails, and
     the claim is read once and patched at the index of the live object."""
     full = claim(reserved=[], generated=False)

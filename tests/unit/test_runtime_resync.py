@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from claimwarden import runtime as runtime_module
-from claimwarden.runtime import KopfState, Runtime
+from claimwarden.runtime import operator as runtime_module
+from claimwarden.runtime.operator import KopfState, Runtime
 
 
 def make_runtime() -> tuple[Runtime, list[str]]:

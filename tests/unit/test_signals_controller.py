@@ -18,9 +18,9 @@ import pytest
 
 from claimwarden import timestamps
 from claimwarden.health.records import DeviceRef
+from claimwarden.runtime.workqueue import Retry
 from claimwarden.signals import controller as signals_controller
 from claimwarden.signals import records as signal_records
-from claimwarden.workqueue import Retry
 
 DRIVER, POOL, DEVICE, KEY = "gpu.example.com", "node-1", "gpu-0", "gpu.example.com/xid"
 REF = DeviceRef(DRIVER, POOL, DEVICE)

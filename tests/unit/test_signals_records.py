@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from claimwarden import projections
 from claimwarden.health.records import DeviceRef, record_name
+from claimwarden.objects import trimmed
 from claimwarden.signals import decide, policy
 from claimwarden.signals import records as signal_records
 from claimwarden.signals.controller import _kept, _patch
@@ -87,11 +87,11 @@ def test_the_pod_projection_keeps_only_the_device_health_of_container_statuses()
            "status": {"phase": "Running", "containerStatuses": [
                {"name": "a", "image": "x", "ready": True, "allocatedResourcesStatus": health},
                {"name": "b", "image": "y", "ready": True}]}}
-    projected = projections.pod(pod)
+    projected = trimmed.pod(pod)
     assert projected["status"]["containerStatuses"] == [{"name": "a", "allocatedResourcesStatus": health}]
     assert "initContainerStatuses" not in projected["status"]
     del pod["status"]["containerStatuses"]
-    assert "containerStatuses" not in projections.pod(pod)["status"]
+    assert "containerStatuses" not in trimmed.pod(pod)["status"]
 
 
 def test_the_slice_projection_keeps_taints_attributes_and_the_pool_count() -> None:
@@ -99,7 +99,7 @@ def test_the_slice_projection_keeps_taints_attributes_and_the_pool_count() -> No
     slice_ = {"metadata": {"name": "s"}, "spec": {"driver": "d", "nodeName": "n", "pool": {
         "name": "n", "generation": 2, "resourceSliceCount": 1}, "devices": [
         {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-1"}}, "taints": [taint], "bindsToNode": True}]}}
-    projected = projections.resource_slice(slice_)
+    projected = trimmed.resource_slice(slice_)
     assert projected["spec"]["pool"]["resourceSliceCount"] == 1
     assert projected["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-1"}},
                                              "taints": [taint]}]

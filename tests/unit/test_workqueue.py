@@ -8,7 +8,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from claimwarden.workqueue import Requeue, Retry, WorkQueue, run_workers
+from claimwarden.runtime.workqueue import Requeue, Retry, WorkQueue, run_workers
 
 
 def test_a_key_added_twice_is_queued_once() -> None:
@@ -156,8 +156,8 @@ def test_a_cancelled_reconcile_requeues_a_key_added_meanwhile_exactly_once() -> 
 def test_a_write_the_fence_refused_is_tried_again_after_a_retry_period_without_back_off(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A leader whose renewal came late refuses writes for a moment: no failure counted, no back-off."""
-    from claimwarden import workqueue
     from claimwarden.kube.errors import NotLeader
+    from claimwarden.runtime import workqueue
 
     monkeypatch.setattr(workqueue, "FENCED_RETRY", 0.05)
     seen: list[float] = []

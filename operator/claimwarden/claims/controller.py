@@ -7,20 +7,21 @@ import time
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import metrics, projections
+from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import (
+from ..objects import trimmed
+from ..objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
     controlling_pod_uid,
     is_allocated,
-    is_being_deleted,
     is_reserved_for,
-    resolve_claim_names,
 )
-from ..workqueue import Retry, WorkQueue
+from ..objects.meta import is_being_deleted
+from ..objects.pods import resolve_claim_names
+from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
 from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
 
@@ -59,8 +60,8 @@ APPLIED_FRESH = 10.0
 async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
                              names: set[str]) -> dict[str, Body | None]:
     """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
-    in memory (`projections.is_trimmed`) read by name (None when gone meanwhile)."""
-    return {name: await kube.get_template(namespace, name) if projections.is_trimmed(templates[name])
+    in memory (`trimmed.is_trimmed`) read by name (None when gone meanwhile)."""
+    return {name: await kube.get_template(namespace, name) if trimmed.is_trimmed(templates[name])
             else templates[name] for name in sorted(names)}
 
 
@@ -222,7 +223,7 @@ class ClaimsController:
         created = await self.kube.create_claim(namespace, body)
         metrics.CLAIM_CREATIONS.labels("success").inc()
         name = created["metadata"]["name"]
-        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), projections.claim(created))
+        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), trimmed.claim(created))
         log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
                  pod["metadata"]["name"], name, create.template_name,
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))

@@ -13,24 +13,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from claimwarden.podclaims import (
+from claimwarden.objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
-    ResolvedClaim,
-    claim_statuses,
     generate_name,
     is_allocated,
-    is_being_deleted,
     is_controlled_by_pod,
-    is_pod_done,
     is_reserved_for,
-    metadata,
     pod_claim_name_of,
-    pod_uid,
     reserved_for,
-    resolve_claim_names,
-    spec,
 )
+from claimwarden.objects.meta import is_being_deleted, metadata, spec
+from claimwarden.objects.pods import ResolvedClaim, claim_statuses, is_pod_done, pod_uid, resolve_claim_names
 
 from .podgroups import (
     GroupView,

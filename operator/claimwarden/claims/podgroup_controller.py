@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable, Hashable
 from typing import cast
 
-from .. import metrics, projections
+from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..workqueue import Retry, WorkQueue
+from ..objects import trimmed
+from ..runtime.workqueue import Retry, WorkQueue
 from . import podgroups
 from .controller import FAILED_CREATION, complete_templates, with_recent
 
@@ -96,7 +97,7 @@ class PodGroupsController:
                 continue
             metrics.CLAIM_CREATIONS.labels("success").inc()
             claim_name = created["metadata"]["name"]
-            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), projections.claim(created))
+            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), trimmed.claim(created))
             recorded[create.entry_name] = claim_name
             log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
                      claim_name, create.template_name, create.entry_name)

@@ -31,16 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from claimwarden.podclaims import (
-    POD_CLAIM_NAME_ANNOTATION,
-    generate_name,
-    is_being_deleted,
-    metadata,
-    pod_claim_name_of,
-    reserved_for,
-    spec,
-    status,
-)
+from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION, generate_name, pod_claim_name_of, reserved_for
+from claimwarden.objects.meta import is_being_deleted, metadata, spec, status
 
 GROUP = "scheduling.k8s.io"
 PLURAL = "podgroups"

@@ -29,11 +29,11 @@ from ..health import records
 from ..health.records import DeviceRef
 from ..kube.api import Kube
 from ..kube.errors import ApiError, NotLeader, NotServed
+from ..runtime.workqueue import WorkQueue
 from ..signals import policy
 from ..signals import records as signal_records
 from ..signals.observations import SOURCE_NODE
 from ..timestamps import now
-from ..workqueue import WorkQueue
 from . import actions, externalfaults
 from .actions import Recommendation
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..podclaims import metadata
+from ..objects.meta import metadata
 
 APPROVED_BY = "claimwarden.io/approved-by"
 APPROVED_GENERATION = "claimwarden.io/approved-generation"

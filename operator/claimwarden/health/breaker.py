@@ -42,7 +42,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.claims.podgroups import is_podgroup_reservation
-from claimwarden.podclaims import is_pod_reservation, metadata, reserved_for, used_devices
+from claimwarden.objects.claims import is_pod_reservation, reserved_for, used_devices
+from claimwarden.objects.meta import metadata
 from claimwarden.timestamps import format_rfc3339, parse_rfc3339
 
 DEFAULT_MAX_FRACTION = 0.3

@@ -29,9 +29,10 @@ from .. import metrics
 from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..podclaims import allocated_devices, pod_claim_names
+from ..objects.claims import allocated_devices
+from ..objects.pods import pod_claim_names
+from ..runtime.workqueue import WorkQueue
 from ..timestamps import format_rfc3339, now, parse_rfc3339
-from ..workqueue import WorkQueue
 from . import approval, breaker, groups, node_drain, plan, records, siblings
 from .admission import AdmissionPolicies
 from .breaker_view import BreakerView

@@ -50,9 +50,11 @@ from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..kube.next_read import NextRead
-from ..podclaims import TERMINAL_PHASES, is_being_deleted, is_reserved_for
+from ..objects.claims import is_reserved_for
+from ..objects.meta import is_being_deleted
+from ..objects.pods import TERMINAL_PHASES
+from ..runtime.workqueue import Requeue, WorkQueue
 from ..timestamps import now, parse_rfc3339
-from ..workqueue import Requeue, WorkQueue
 from . import breaker, groups, plan, records, window
 from .ahead import AheadWrites, RecordGone
 from .budget import FairBudget

@@ -24,7 +24,9 @@ from claimwarden.claims.podgroups import (
     is_reserved_for_group_of,
     podgroup_name_of,
 )
-from claimwarden.podclaims import is_pod_done, metadata, reserved_for, resolve_claim_names
+from claimwarden.objects.claims import reserved_for
+from claimwarden.objects.meta import metadata
+from claimwarden.objects.pods import is_pod_done, resolve_claim_names
 
 GroupMembers = Callable[[str, str], Iterable[str]]
 """(namespace, PodGroup name) -> names of the pods whose spec.schedulingGroup names it (an index look-up)."""

@@ -13,7 +13,7 @@ from typing import cast
 from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..workqueue import WorkQueue
+from ..runtime.workqueue import WorkQueue
 from . import records
 
 CHANGED_RETRY = 0.5  # seconds before a slice whose record changed under its plan is planned again

@@ -31,20 +31,9 @@ from claimwarden.health.records import (
     truncate_name,
 )
 from claimwarden.health.tolerations import NO_EXECUTE, allocation_results, claim_eviction_time, names_device
-from claimwarden.podclaims import (
-    TERMINAL_PHASES,
-    extended_resource_claim_name,
-    is_allocated,
-    is_being_deleted,
-    is_controlled_by_pod,
-    is_pod_reservation,
-    metadata,
-    pod_uid,
-    reserved_for,
-    resolve_claim_names,
-    spec,
-    status,
-)
+from claimwarden.objects.claims import is_allocated, is_controlled_by_pod, is_pod_reservation, reserved_for
+from claimwarden.objects.meta import is_being_deleted, metadata, spec, status
+from claimwarden.objects.pods import TERMINAL_PHASES, extended_resource_claim_name, pod_uid, resolve_claim_names
 
 NO_SCHEDULE = "NoSchedule"
 QUARANTINE_EFFECTS = frozenset({NO_EXECUTE, NO_SCHEDULE})

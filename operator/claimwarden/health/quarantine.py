@@ -13,7 +13,7 @@ from typing import Any
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError, NotServed
-from ..podclaims import allocated_devices, is_allocated
+from ..objects.claims import allocated_devices, is_allocated
 from . import plan, records
 from .records import DeviceRef
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from claimwarden.podclaims import is_being_deleted, metadata, spec
+from claimwarden.objects.meta import is_being_deleted, metadata, spec
 from claimwarden.timestamps import parse_rfc3339
 
 GROUP = "claimwarden.io"

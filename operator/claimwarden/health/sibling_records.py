@@ -14,7 +14,7 @@ from typing import cast
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..workqueue import Requeue, WorkQueue
+from ..runtime.workqueue import Requeue, WorkQueue
 from . import records, siblings
 
 log = logging.getLogger("claimwarden.health")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from claimwarden.podclaims import is_being_deleted, metadata, spec
+from claimwarden.objects.meta import is_being_deleted, metadata, spec
 
 from . import records
 from .domains import Slice, fault_domains, whole_devices

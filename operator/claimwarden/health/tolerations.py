@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from claimwarden.health.records import DeviceRef
-from claimwarden.podclaims import status
+from claimwarden.objects.meta import status
 
 NO_EXECUTE = "NoExecute"
 OPERATOR_EXISTS = "Exists"

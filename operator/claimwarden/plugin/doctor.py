@@ -13,13 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from claimwarden.podclaims import (
-    RESERVED_FOR_MAX,
-    TERMINAL_PHASES,
-    controlling_pod_ref,
-    is_allocated,
-    reserved_for,
-)
+from claimwarden.objects.claims import RESERVED_FOR_MAX, controlling_pod_ref, is_allocated, reserved_for
+from claimwarden.objects.pods import TERMINAL_PHASES
 from claimwarden.timestamps import parse_rfc3339
 
 from .snapshot import Obj, Snapshot, name_of, namespace_of, ref_of

@@ -39,16 +39,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from claimwarden.health.records import RECORD_LABEL
-from claimwarden.podclaims import (
+from claimwarden.objects.claims import (
     DELETE_PROTECTION_FINALIZER,
-    TERMINAL_PHASES,
     controlling_pod_uid,
-    has_claims,
-    is_being_deleted,
     is_pod_reservation,
-    pod_claim_names,
     reserved_for,
 )
+from claimwarden.objects.meta import is_being_deleted
+from claimwarden.objects.pods import TERMINAL_PHASES, has_claims, pod_claim_names
 from claimwarden.timestamps import parse_rfc3339
 
 from .snapshot import Obj, name_of, namespace_of, ref_of

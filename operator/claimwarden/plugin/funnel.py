@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from claimwarden.podclaims import resolve_claim_names
+from claimwarden.objects.pods import resolve_claim_names
 
 from . import nodes as nodesel
 from .cel import CelError, DeviceInput, Evaluator, device_input

@@ -33,16 +33,16 @@ from ..claims import podgroups
 from ..claims.podgroups import is_podgroup_reservation, podgroup_view
 from ..kube.api import Kube
 from ..kube.errors import ApiError, NotServed
-from ..podclaims import (
+from ..objects.claims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
     controlling_pod_ref,
-    is_being_deleted,
     is_pod_reservation,
-    pod_uid,
     reserved_for,
 )
-from ..workqueue import Requeue, WorkQueue
+from ..objects.meta import is_being_deleted
+from ..objects.pods import pod_uid
+from ..runtime.workqueue import Requeue, WorkQueue
 from . import plan
 
 log = logging.getLogger("claimwarden.reservations")

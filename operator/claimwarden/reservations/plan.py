@@ -16,21 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from claimwarden.claims.podgroups import is_podgroup_reservation, should_drop_group_reservation
-from claimwarden.podclaims import (
+from claimwarden.objects.claims import (
     DELETE_PROTECTION_FINALIZER,
     RESERVED_FOR_MAX,
-    TERMINAL_PHASES,
     controlling_pod_uid,
-    has_finalizer,
     is_allocated,
-    is_being_deleted,
     is_generated_claim,
     is_pod_reservation,
-    metadata,
     reserved_for,
-    spec,
-    status,
 )
+from claimwarden.objects.meta import has_finalizer, is_being_deleted, metadata, spec, status
+from claimwarden.objects.pods import TERMINAL_PHASES
 
 # A claim this full of reservations gets a Warning Event and counts as near the limit.
 NEAR_LIMIT_RATIO = 0.9

@@ -27,8 +27,8 @@ from ..health import records
 from ..health.records import DeviceRef
 from ..kube.api import Kube
 from ..kube.errors import ApiError
+from ..runtime.workqueue import Retry, WorkQueue
 from ..timestamps import format_rfc3339, now
-from ..workqueue import Retry, WorkQueue
 from . import decide, nodes, observations, podhealth, policy, taints
 from . import records as signal_records
 from .observations import HEALTHY, UNHEALTHY, UNKNOWN, Observation

@@ -16,8 +16,8 @@ from collections.abc import Callable, Hashable, Mapping
 from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
+from ..runtime.workqueue import WorkQueue
 from ..timestamps import now
-from ..workqueue import WorkQueue
 from . import policy
 
 log = logging.getLogger("claimwarden.signals")

@@ -1,5 +1,5 @@
 """What the indices keep of objects whose labels, annotations, owner references and finalizers their
-users write: only the entries claimwarden reads (projections.py). Each test also runs the functions
+users write: only the entries claimwarden reads (trimmed.py). Each test also runs the functions
 that read those entries on the projection, so a read the projection drops fails here.
 """
 
@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from claimwarden import projections
 from claimwarden.cache import Cache
 from claimwarden.claims import plan as claims_plan
 from claimwarden.claims.controller import ClaimsController
 from claimwarden.health import approval, records
 from claimwarden.health.plan import is_quarantine_claim
-from claimwarden.podclaims import (
+from claimwarden.objects import trimmed
+from claimwarden.objects.claims import (
     DELETE_PROTECTION_FINALIZER,
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     POD_CLAIM_NAME_ANNOTATION,
     claim_source,
     controlling_pod_uid,
-    has_finalizer,
     is_extended_resource_claim,
     pod_claim_name_of,
 )
+from claimwarden.objects.meta import has_finalizer
 
 NS = "ns"
 KIB = 1024
@@ -56,7 +56,7 @@ def tenant_claim(**annotations: str) -> dict[str, Any]:
 
 def test_a_claim_keeps_only_the_labels_annotations_owners_and_finalizers_that_are_read() -> None:
     full = tenant_claim(**{POD_CLAIM_NAME_ANNOTATION: "gpu"})
-    projected = projections.claim(full)
+    projected = trimmed.claim(full)
     meta = projected["metadata"]
     assert meta["annotations"] == {POD_CLAIM_NAME_ANNOTATION: "gpu"}
     assert meta["labels"] == {records.RECORD_LABEL: "n1.gpu-0.abc"}
@@ -69,8 +69,8 @@ def test_a_claim_keeps_only_the_labels_annotations_owners_and_finalizers_that_ar
                  lambda c: has_finalizer(c, DELETE_PROTECTION_FINALIZER), lambda c: is_quarantine_claim(c, NS)):
         assert read(projected) == read(full)
     extended = tenant_claim(**{EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"})
-    assert is_extended_resource_claim(projections.claim(extended)) is True
-    assert claim_source(projections.claim(extended)) == claim_source(extended) == "extended_resource"
+    assert is_extended_resource_claim(trimmed.claim(extended)) is True
+    assert claim_source(trimmed.claim(extended)) == claim_source(extended) == "extended_resource"
 
 
 def test_a_claim_without_any_of_those_keeps_no_empty_maps() -> None:
@@ -78,9 +78,9 @@ def test_a_claim_without_any_of_those_keeps_no_empty_maps() -> None:
     del full["metadata"]["labels"][records.RECORD_LABEL]
     full["metadata"]["ownerReferences"] = full["metadata"]["ownerReferences"][:-1]
     full["metadata"]["finalizers"] = full["metadata"]["finalizers"][:-1]
-    meta = projections.claim(full)["metadata"]
+    meta = trimmed.claim(full)["metadata"]
     assert not {"annotations", "labels", "ownerReferences", "finalizers"} & set(meta)
-    assert claim_source(projections.claim(full)) == "user"
+    assert claim_source(trimmed.claim(full)) == "user"
 
 
 def test_a_slice_keeps_only_the_marks() -> None:
@@ -90,7 +90,7 @@ def test_a_slice_keeps_only_the_marks() -> None:
             "metadata": {"name": "n1-gpu", "uid": "s-uid", "annotations": {**FOREIGN_ANNOTATIONS, **marks}},
             "spec": {"driver": "gpu.example.com", "nodeName": "n1", "pool": {"name": "n1", "generation": 1},
                      "devices": [{"name": "gpu-0"}]}}
-    projected = projections.resource_slice(full)
+    projected = trimmed.resource_slice(full)
     assert projected["metadata"]["annotations"] == marks
     assert records.marked_annotations(projected) == records.marked_annotations(full)
     assert records.parse_slice_marks(projected) == records.parse_slice_marks(full)
@@ -103,7 +103,7 @@ def test_a_record_keeps_claimwarden_io_keys_only() -> None:
                          "annotations": {**ours, "kubectl.kubernetes.io/last-applied-configuration": "x" * 100 * KIB},
                          "labels": {records.SLICE_LABEL: "n1-gpu", "team": "a"}},
             "spec": {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}, "status": {}}
-    projected = projections.record(full)
+    projected = trimmed.record(full)
     assert projected["metadata"]["annotations"] == ours
     assert projected["metadata"]["labels"] == {records.SLICE_LABEL: "n1-gpu"}
     assert approval.judge(projected, policy_in_force=True).honoured == "alice"
@@ -117,8 +117,8 @@ def test_a_podgroup_keeps_only_its_protection_finalizer() -> None:
             "metadata": {"name": "team", "namespace": NS, "uid": "pg", "annotations": FOREIGN_ANNOTATIONS,
                          "finalizers": ["example.com/a", PROTECTION_FINALIZER]},
             "spec": {"resourceClaims": []}}
-    assert projections.podgroup(full)["metadata"]["finalizers"] == [PROTECTION_FINALIZER]
-    assert "annotations" not in projections.podgroup(full)["metadata"]
+    assert trimmed.podgroup(full)["metadata"]["finalizers"] == [PROTECTION_FINALIZER]
+    assert "annotations" not in trimmed.podgroup(full)["metadata"]
 
 
 # --- templates: what every claim made from them inherits must stay exact ------------------------------
@@ -141,17 +141,17 @@ def pod() -> dict[str, Any]:
 
 def test_a_small_template_is_kept_with_its_spec_and_makes_the_same_claim() -> None:
     full = template({"example.com/note": "copied to every claim"})
-    projected = projections.template(full)
-    assert not projections.is_trimmed(projected)
+    projected = trimmed.template(full)
+    assert not trimmed.is_trimmed(projected)
     assert "annotations" not in projected["metadata"]
     assert claims_plan.build_claim(pod(), "gpu", projected) == claims_plan.build_claim(pod(), "gpu", full)
 
 
 def test_a_big_template_is_kept_without_its_spec() -> None:
-    projected = projections.template(template(FOREIGN_ANNOTATIONS))
-    assert projections.is_trimmed(projected) and "spec" not in projected
+    projected = trimmed.template(template(FOREIGN_ANNOTATIONS))
+    assert trimmed.is_trimmed(projected) and "spec" not in projected
     assert size(projected) < KIB
-    assert not projections.is_trimmed(projections.template(template({})))
+    assert not trimmed.is_trimmed(trimmed.template(template({})))
 
 
 class FakeKube:
@@ -184,8 +184,8 @@ def claims_controller(kube: FakeKube, cached_template: dict[str, Any]) -> Claims
     names = ("pods_by_claim", "pods_by_template", "claims_by_name", "claims_by_owner", "claims_by_device",
              "claims_by_record")
     indices: dict[str, Any] = {name: {} for name in names}
-    indices["pods_by_name"] = {(NS, "p"): [projections.pod(pod())]}
-    indices["templates_by_name"] = {(NS, "t"): [projections.template(cached_template)]}
+    indices["pods_by_name"] = {(NS, "p"): [trimmed.pod(pod())]}
+    indices["templates_by_name"] = {(NS, "t"): [trimmed.template(cached_template)]}
     return ClaimsController(Cache(indices), kube)  # type: ignore[arg-type]
 
 

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from .cache import Body, Cache
-from .kube.api import Kube
-from .podclaims import metadata
+from ..cache import Body, Cache
+from ..kube.api import Kube
+from ..objects.meta import metadata
 
 log = logging.getLogger("claimwarden.staleness")
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
-from . import metrics
-from .kube.errors import ApiError, NotLeader
+from .. import metrics
+from ..kube.errors import ApiError, NotLeader
 
 log = logging.getLogger("claimwarden.workqueue")
 FENCED_RETRY = 2.0  # seconds before a key whose write the leader's fence refused is tried again (a retry period)

@@ -6,19 +6,17 @@ from typing import Any
 
 import pytest
 
-from claimwarden.podclaims import (
+from claimwarden.objects.claims import (
     DELETE_PROTECTION_FINALIZER,
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
-    ResolvedClaim,
     claim_source,
     controlling_pod_uid,
     generate_name,
     is_allocated,
-    is_pod_done,
     is_reserved_for,
-    resolve_claim_names,
 )
+from claimwarden.objects.pods import ResolvedClaim, is_pod_done, resolve_claim_names
 
 
 def test_constants_match_upstream() -> None:

@@ -21,16 +21,16 @@ import kopf
 from kopf._core.engines.indexing import OperatorIndexers
 from kopf._core.reactor.inventory import ResourceMemories
 
+from ..cache import Cache
+from ..claims.controller import ClaimsController
+from ..claims.podgroup_controller import PodGroupsController
+from ..handoff.controller import HandoffController
+from ..health.controller import HealthController
+from ..kube.api import Kube
+from ..leader.elector import Elector
+from ..reservations.controller import ReservationsController
+from ..signals.controller import SignalsController
 from . import staleness
-from .cache import Cache
-from .claims.controller import ClaimsController
-from .claims.podgroup_controller import PodGroupsController
-from .handoff.controller import HandoffController
-from .health.controller import HealthController
-from .kube.api import Kube
-from .leader.elector import Elector
-from .reservations.controller import ReservationsController
-from .signals.controller import SignalsController
 from .workqueue import Reconcile, WorkQueue, run_workers
 
 log = logging.getLogger("claimwarden")

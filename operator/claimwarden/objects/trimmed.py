@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from .claims.podgroups import PROTECTION_FINALIZER
-from .health.records import ANNOTATION_PREFIX, DRAIN_ANNOTATION_PREFIX, GROUP, RECORD_LABEL
-from .podclaims import DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION
+from ..claims.podgroups import PROTECTION_FINALIZER
+from ..health.records import ANNOTATION_PREFIX, DRAIN_ANNOTATION_PREFIX, GROUP, RECORD_LABEL
+from .claims import DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION
 
 Body = dict[str, Any]
 _META_KEYS = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp")
