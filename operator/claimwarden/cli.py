@@ -284,7 +284,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
     if webhook.problems():
         raise SettingsError("; ".join(webhook.problems()))
     if args.readiness:
-        from .readiness import split_url
+        from .runtime.readiness import split_url
 
         try:
             split_url(args.readiness)
@@ -308,6 +308,12 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .runtime import kopf_private
+
+    refusal = kopf_private.check(__version__)  # before anything imports Kopf's private names
+    if refusal is not None:
+        print(f"claimwarden: {refusal}", file=sys.stderr)
+        return 1
     import kopf
 
     from . import app
@@ -350,11 +356,9 @@ def _run(args: argparse.Namespace) -> int:
     # Kopf's peering is off, but Kopf still names the process, by default from getpass.getuser(),
     # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as
     # Kubernetes runs it; podman adds an entry, so only a real node showed it). Name it ourselves.
-    from kopf._core.engines.peering import Identity
-
     from .leader.elector import default_identity
 
-    identity = Identity(settings.election.identity if settings.election else default_identity())
+    identity = kopf_private.Identity(settings.election.identity if settings.election else default_identity())
     from .runtime import kopf_toggles
 
     kopf_toggles.install()
