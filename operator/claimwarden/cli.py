@@ -283,13 +283,14 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         client_ca_file=args.alert_client_ca_file, rate=args.alert_rate, burst=args.alert_burst)
     if webhook.problems():
         raise SettingsError("; ".join(webhook.problems()))
-    if args.readiness:
-        from .runtime.readiness import split_url
+    from .runtime import server
 
-        try:
-            split_url(args.readiness)
-        except ValueError as exc:
-            raise SettingsError(f"--readiness: {exc}") from None
+    try:
+        server.check_urls({"--liveness": args.liveness, "--readiness": args.readiness, "--metrics-port":
+                           server.metrics_url(args.metrics_address, args.metrics_port)
+                           if "metrics" in args.controllers else ""})
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
@@ -303,7 +304,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
         api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
         workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None,
-        readiness=args.readiness,
+        readiness=args.readiness, liveness=args.liveness,
         handoff=HandoffSettings(nvsentinel=args.nvsentinel_handoff, poll_seconds=args.nvsentinel_poll_period))
 
 
@@ -362,8 +363,8 @@ def _run(args: argparse.Namespace) -> int:
     from .runtime import kopf_toggles
 
     kopf_toggles.install()
-    try:
-        kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
+    try:  # /healthz is runtime/server.py's, beside /metrics and /readyz: Kopf serves no liveness of its own
+        kopf.run(standalone=True, clusterwide=True, liveness_endpoint=None, indexers=kopf_state.indexers,
                  memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state, run_settings=settings),
                  identity=identity)
     except Exception as exc:  # Kopf logged the failure with its traceback already; this is the process's end
