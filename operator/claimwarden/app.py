@@ -535,7 +535,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         urls[server.metrics_url(run_settings.metrics_address, run_settings.metrics_port)] = \
             server.metrics_handler(metrics.REGISTRY)
     if urls:
-        memo.server = await server.serve(urls)
+        memo.server = await server.serve(urls, access_logged=[run_settings.liveness] if run_settings.liveness else [])
 
 
 def ready(runtime: Runtime) -> readiness.Readiness:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import urllib.error
 import urllib.request
@@ -173,3 +174,22 @@ def test_the_probes_kopf_registered_run_through_the_door() -> None:
                                              indexers=kopf_private.OperatorIndexers(), memo=kopf.Memo())
 
     assert asyncio.run(scenario()) == {"version": app.__version__}
+
+
+def test_only_the_access_logged_paths_reach_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+
+    async def scenario() -> None:
+        runner = await server.serve({f"http://127.0.0.1:{port}/healthz": _text("alive"),
+                                     f"http://127.0.0.1:{port}/metrics": _text("numbers")},
+                                    access_logged=[f"http://127.0.0.1:{port}/healthz"])
+        try:
+            for path in ("healthz", "metrics"):
+                await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/{path}")
+        finally:
+            await runner.cleanup()
+
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        asyncio.run(scenario())
+    lines = [record.getMessage() for record in caplog.records if record.name == "aiohttp.access"]
+    assert len(lines) == 1 and '"GET /healthz HTTP/1.1" 200' in lines[0]

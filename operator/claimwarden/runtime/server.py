@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -83,12 +84,25 @@ def _on_its_port(handlers: Mapping[int, Handler]) -> Handler:
     return answer
 
 
-async def serve(urls: Mapping[str, Handler]) -> web.AppRunner:
-    """Listen on every URL's host and port and answer each URL's path there; the caller cleans up."""
+def _access_log_of(paths: Collection[str]) -> type[AccessLogger]:
+    class PathsAccessLogger(AccessLogger):
+        def log(self, request: Any, response: web.StreamResponse, time: float) -> None:
+            if request.path in paths:
+                super().log(request, response, time)
+
+    return PathsAccessLogger
+
+
+async def serve(urls: Mapping[str, Handler], *, access_logged: Collection[str] = ()) -> web.AppRunner:
+    """Listen on every URL's host and port and answer each URL's path there; the caller cleans up.
+
+    Requests to the ``access_logged`` URLs' paths go to aiohttp's access log (the liveness probes, as
+    Kopf's liveness server logged them: a kubelet's probes are seen in the log); the others do not."""
     app = web.Application()
     for path, handlers in by_path(urls).items():
         app.router.add_get(path, _on_its_port(handlers))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    logged = {split_url(url)[2] for url in access_logged}
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, access_log_class=_access_log_of(logged))
     await runner.setup()
     try:
         for host, port in sockets(urls):
