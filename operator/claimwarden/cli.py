@@ -309,12 +309,6 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .runtime import kopf_private
-
-    refusal = kopf_private.check(__version__)  # before anything imports Kopf's private names
-    if refusal is not None:
-        print(f"claimwarden: {refusal}", file=sys.stderr)
-        return 1
     import kopf
 
     from . import app
@@ -358,8 +352,9 @@ def _run(args: argparse.Namespace) -> int:
     # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as
     # Kubernetes runs it; podman adds an entry, so only a real node showed it). Name it ourselves.
     from .leader.elector import default_identity
+    from .runtime.kopf_private import Identity
 
-    identity = kopf_private.Identity(settings.election.identity if settings.election else default_identity())
+    identity = Identity(settings.election.identity if settings.election else default_identity())
     from .runtime import kopf_toggles
 
     kopf_toggles.install()
@@ -381,6 +376,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .plugin.cli import main as plugin_main
 
         return plugin_main(argv, prog="claimwarden")
+    if argv[:1] == ["run"]:
+        # Before the flags are parsed: parsing --controllers imports app.py, and with it Kopf's private names.
+        from .runtime import kopf_private
+
+        refusal = kopf_private.check(__version__)
+        if refusal is not None:
+            print(f"claimwarden: {refusal}", file=sys.stderr)
+            return 1
     # The lab is imported only for its own verbs: `claimwarden run` never loads it.
     lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
     args = _parser(lab_cli).parse_args(argv)

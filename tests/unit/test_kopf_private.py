@@ -161,3 +161,23 @@ def test_claimwarden_run_with_another_kopf_exits_1_with_the_one_line_message() -
         f"claimwarden: claimwarden {__version__} needs kopf=={KOPF_PIN} (it uses Kopf's private API, which changes "
         f"without notice between releases); installed 1.99.0: a version other than {KOPF_PIN}. "
         f"Install kopf=={KOPF_PIN}, or a claimwarden release made for the Kopf you need"]
+
+
+# The same with the pinned version but a private name gone (as a Kopf release that moved it): the door
+# still imports, and the run stops with the name instead of an ImportError.
+RUN_WITHOUT_IDENTITY = """
+import sys
+import kopf._core.engines.peering as peering
+del peering.Identity
+from claimwarden.cli import main
+sys.exit(main(["run", "--kubeconfig", "/nonexistent"]))
+"""
+
+
+def test_claimwarden_run_with_a_private_name_gone_exits_1_naming_it() -> None:
+    done = subprocess.run([sys.executable, "-c", RUN_WITHOUT_IDENTITY], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"claimwarden: claimwarden {__version__} needs kopf=={KOPF_PIN} (it uses Kopf's private")
+    assert f"installed {KOPF_PIN}: missing kopf._core.engines.peering.Identity. Install" in line
