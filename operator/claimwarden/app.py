@@ -52,7 +52,7 @@ from .objects.claims import allocated_devices, claim_source, controlling_pod_ref
 from .objects.pods import has_claims, pod_claim_names
 from .reservations.controller import ReservationsController
 from .reservations.plan import is_near_limit, pod_may_release, reserved_for_predecessor
-from .runtime import kopf_diffbase, kopf_toggles, readiness
+from .runtime import kopf_diffbase, kopf_private, kopf_toggles, readiness, server
 from .runtime.operator import Runtime, lost_lease
 from .signals.controller import SignalsController
 from .signals.webhook import WebhookSettings
@@ -101,7 +101,8 @@ class RunSettings:
     health: HealthSettings
     webhook: WebhookSettings | None = None  # Alertmanager's receiver (signals/webhook.py); None or not enabled: off
     handoff: HandoffSettings = field(default_factory=HandoffSettings)  # docs/guides/handoff-to-repair.md
-    readiness: str = ""  # the /readyz URL to serve (readiness.py); "" serves none
+    readiness: str = ""  # the /readyz URL to serve (runtime/server.py); "" serves none
+    liveness: str = ""  # the /healthz URL to serve (runtime/server.py); "" serves none
     # Discovered from the server before Kopf starts (cli.py replaces these defaults):
     server_version: str = "unknown"
     podgroup_version: str | None = None  # the served scheduling.k8s.io version of PodGroups, None if none
@@ -506,16 +507,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         kube.fence = runtime.elector.write_time_left
         runtime.election = asyncio.create_task(runtime.elector.run(), name="leader-election")
 
+    urls: dict[str, server.Handler] = {}
+    if run_settings.liveness:
+        async def probes() -> dict[str, Any]:
+            return await kopf_private.run_probes(registry=kopf.get_default_registry(), settings=settings,
+                                                 indexers=memo.kopf_state.indexers, memo=memo)
+
+        urls[run_settings.liveness] = server.liveness_handler(probes)
     if run_settings.readiness:
-        memo.readiness = await readiness.serve(run_settings.readiness, lambda: ready(runtime))
-
+        urls[run_settings.readiness] = server.readiness_handler(lambda: ready(runtime))
     if "metrics" in run_settings.controllers:
-        # Scrapes run in prometheus_client's thread; the indices may only be read on this loop. The
-        # gauges walk every claim (and slice and record), so a result is reused for a while.
-        loop = asyncio.get_running_loop()
-
+        # Scrapes run on this loop (server.py), between events. The gauges walk every claim (and slice
+        # and record), so a result is reused for a while.
         def gauge(fn: Callable[[], T]) -> Callable[[], T]:
-            return metrics.cached(metrics.on_loop(loop, fn), run_settings.metrics_cache_seconds)
+            return metrics.cached(metrics.guarded(fn), run_settings.metrics_cache_seconds)
 
         # The cluster's state is reported by the leader only, so that sums over replicas stay true.
         metrics.REGISTRY.register(metrics.ClaimCollector(
@@ -527,8 +532,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
                 gauge(lambda: health.record_effects() if runtime.leading else []),
                 gauge(lambda: health.pending_evictions() if runtime.leading else 0),
                 gauge(lambda: health.unselective_taint_rules() if runtime.leading else None)))
-        memo.metrics_server = metrics.serve(run_settings.metrics_address, run_settings.metrics_port)
-        log.info("metrics on http://%s:%d/metrics", run_settings.metrics_address, run_settings.metrics_port)
+        urls[server.metrics_url(run_settings.metrics_address, run_settings.metrics_port)] = \
+            server.metrics_handler(metrics.REGISTRY)
+    if urls:
+        memo.server = await server.serve(urls, access_logged=[run_settings.liveness] if run_settings.liveness else [])
 
 
 def ready(runtime: Runtime) -> readiness.Readiness:
@@ -589,12 +596,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await runtime.kube.close()
         if runtime.elector is not None and runtime.elector.kube is not runtime.kube:
             await runtime.elector.kube.close()
-    if memo.get("readiness") is not None:
-        await memo.readiness.cleanup()
-    server = memo.get("metrics_server")
-    if server is not None:
-        server.shutdown()
-        server.server_close()
+    if memo.get("server") is not None:
+        await memo.server.cleanup()
     log.info("claimwarden stopped")
     _exit_unless_ended(EXIT_AFTER_CLEANUP)
 

@@ -283,13 +283,14 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         client_ca_file=args.alert_client_ca_file, rate=args.alert_rate, burst=args.alert_burst)
     if webhook.problems():
         raise SettingsError("; ".join(webhook.problems()))
-    if args.readiness:
-        from .readiness import split_url
+    from .runtime import server
 
-        try:
-            split_url(args.readiness)
-        except ValueError as exc:
-            raise SettingsError(f"--readiness: {exc}") from None
+    try:
+        server.check_urls({"--liveness": args.liveness, "--readiness": args.readiness, "--metrics-port":
+                           server.metrics_url(args.metrics_address, args.metrics_port)
+                           if "metrics" in args.controllers else ""})
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     health = HealthSettings(
         breaker=breaker.Settings(max_fraction=args.breaker_max_fraction, max_pods=args.breaker_max_pods,
                                  min_pods=args.breaker_min_pods, window=timedelta(seconds=args.breaker_window)),
@@ -303,7 +304,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         request_timeout=args.request_timeout, api_qps=args.kube_api_qps,
         api_burst=args.kube_api_burst or max(1, round(2 * args.kube_api_qps)),
         workers=args.workers, election=election, health=health, webhook=webhook if webhook.enabled else None,
-        readiness=args.readiness,
+        readiness=args.readiness, liveness=args.liveness,
         handoff=HandoffSettings(nvsentinel=args.nvsentinel_handoff, poll_seconds=args.nvsentinel_poll_period))
 
 
@@ -350,16 +351,15 @@ def _run(args: argparse.Namespace) -> int:
     # Kopf's peering is off, but Kopf still names the process, by default from getpass.getuser(),
     # which raises KeyError in a pod whose uid has no /etc/passwd entry (65532 in our image, as
     # Kubernetes runs it; podman adds an entry, so only a real node showed it). Name it ourselves.
-    from kopf._core.engines.peering import Identity
-
     from .leader.elector import default_identity
+    from .runtime.kopf_private import Identity
 
     identity = Identity(settings.election.identity if settings.election else default_identity())
     from .runtime import kopf_toggles
 
     kopf_toggles.install()
-    try:
-        kopf.run(standalone=True, clusterwide=True, liveness_endpoint=args.liveness, indexers=kopf_state.indexers,
+    try:  # /healthz is runtime/server.py's, beside /metrics and /readyz: Kopf serves no liveness of its own
+        kopf.run(standalone=True, clusterwide=True, liveness_endpoint=None, indexers=kopf_state.indexers,
                  memories=kopf_state.memories, memo=kopf.Memo(kopf_state=kopf_state, run_settings=settings),
                  identity=identity)
     except Exception as exc:  # Kopf logged the failure with its traceback already; this is the process's end
@@ -376,6 +376,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .plugin.cli import main as plugin_main
 
         return plugin_main(argv, prog="claimwarden")
+    if argv[:1] == ["run"]:
+        # Before the flags are parsed: parsing --controllers imports app.py, and with it Kopf's private names.
+        from .runtime import kopf_private
+
+        refusal = kopf_private.check(__version__)
+        if refusal is not None:
+            print(f"claimwarden: {refusal}", file=sys.stderr)
+            return 1
     # The lab is imported only for its own verbs: `claimwarden run` never loads it.
     lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
     args = _parser(lab_cli).parse_args(argv)

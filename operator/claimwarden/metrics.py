@@ -1,30 +1,25 @@
-"""Prometheus metrics, served on their own port.
+"""Prometheus metrics: their names, and the collectors that compute gauges at scrape time.
 
 Names are ``claimwarden_*`` in base units; no per-pod or per-claim labels (kube-state-metrics owns
 per-object series).
 
-The gauges are computed at scrape time from Kopf's indices, which the operator's event loop
-changes as events arrive. prometheus_client serves scrapes from its own thread, so iterating an
-index there can fail with "dictionary changed size during iteration". Every such callback is
-therefore wrapped with `on_loop`: the scrape thread hands it to the event loop and waits (at most
-`SCRAPE_TIMEOUT` seconds); a gauge that cannot be computed in time is left out of that scrape and
-counted in ``claimwarden_scrape_errors_total``.
+The gauges are computed at scrape time from Kopf's indices, which the operator's event loop changes as
+events arrive. `runtime/server.py` serves ``/metrics`` on that same loop, so a scrape reads the indices
+between two events: iterating them cannot fail with "dictionary changed size during iteration" (as it
+did when prometheus_client served scrapes from a thread of its own). A gauge whose callback fails is left
+out of that scrape (`guarded`) and counted in ``claimwarden_scrape_errors_total``; the others are served.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -32,9 +27,6 @@ from . import __version__
 
 log = logging.getLogger("claimwarden.metrics")
 T = TypeVar("T")
-# Per callback; a collector makes at most three calls, so a stuck loop still answers within
-# Prometheus' default 10 s scrape timeout.
-SCRAPE_TIMEOUT = 3.0
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -126,51 +118,22 @@ REPAIR_RECOMMENDED = Gauge("claimwarden_repair_recommended", "UnhealthyDevice re
                            registry=REGISTRY)
 REPAIR_REQUESTS = Counter("claimwarden_repair_requests_total", "NVSentinel ExternalFaults claimwarden created for "
                           "node-scoped faults, by result (created, error).", ["result"], registry=REGISTRY)
-SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because the event loop "
-                        "did not compute them in time or computing them failed.", registry=REGISTRY)
+SCRAPE_ERRORS = Counter("claimwarden_scrape_errors_total", "Gauges left out of a scrape because computing them "
+                        "failed.", registry=REGISTRY)
 
 
 class ScrapeFailed(Exception):
-    """A gauge's callback did not complete on the event loop; the collector leaves the gauge out."""
+    """A gauge's callback failed; the collector leaves the gauge out of this scrape."""
 
 
-def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], *,
-            timeout: float = SCRAPE_TIMEOUT) -> Callable[[], T]:
-    """Wrap ``fn`` so that calling the result from any thread runs ``fn`` on ``loop`` and returns its value.
-
-    Raises ScrapeFailed (and counts a scrape error) when the loop does not run it within ``timeout``
-    seconds, is closed, or ``fn`` raises. Called on the loop's own thread, ``fn`` runs directly.
-    """
+def guarded(fn: Callable[[], T]) -> Callable[[], T]:
+    """Wrap ``fn`` so that a failure is counted, logged and raised as ScrapeFailed (the gauge is left out)."""
 
     def call() -> T:
         try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
             return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return  # the scrape gave up waiting
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
-
-        try:
-            loop.call_soon_threadsafe(run)
-        except RuntimeError as exc:  # the loop is closed: the operator is shutting down
-            why = str(exc)
-        else:
-            try:
-                return future.result(timeout)
-            except TimeoutError:
-                future.cancel()
-                why = f"the event loop did not answer within {timeout:g} s"
-            except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
         SCRAPE_ERRORS.inc()
         log.warning("metrics: %s left out of this scrape: %s", getattr(fn, "__name__", "a gauge"), why)
         raise ScrapeFailed(why)
@@ -182,18 +145,16 @@ def cached(fn: Callable[[], T], seconds: float) -> Callable[[], T]:
     """Wrap ``fn`` so that its result is reused for ``seconds``: gauges computed by walking every claim,
     slice or record then cost that walk at most once per period, however often Prometheus scrapes
     (a restart at 5,000 claims spent a seventh of its CPU in scrapes). A failure is not reused.
-    Concurrent scrapes wait for one computation. 0 computes on every call."""
-    lock = threading.Lock()
+    0 computes on every call. (Scrapes run on the event loop, one at a time: no lock is needed.)"""
     last: list[tuple[float, T]] = []
 
     def call() -> T:
-        with lock:
-            now = time.monotonic()
-            if last and now - last[0][0] < seconds:
-                return last[0][1]
-            value = fn()
-            last[:] = [(now, value)]
-            return value
+        now = time.monotonic()
+        if last and now - last[0][0] < seconds:
+            return last[0][1]
+        value = fn()
+        last[:] = [(now, value)]
+        return value
 
     return call
 
@@ -313,9 +274,3 @@ class DeviceCollector(Collector):
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []
-
-
-def serve(address: str, port: int) -> WSGIServer:
-    """Start the /metrics endpoint in a daemon thread; the caller shuts it down."""
-    server, _thread = start_http_server(port, addr=address, registry=REGISTRY)
-    return server

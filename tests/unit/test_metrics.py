@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from claimwarden import metrics
-from claimwarden.metrics import ClaimCollector, ClaimSample, DeviceCollector, DeviceSample, ScrapeFailed, on_loop
+from claimwarden.metrics import ClaimCollector, ClaimSample, DeviceCollector, DeviceSample, guarded
+from claimwarden.runtime import server
+from claimwarden_lab.processes import free_port
 
 
 @pytest.fixture
@@ -72,69 +75,51 @@ def test_the_race_is_real_without_on_loop(loop: asyncio.AbstractEventLoop) -> No
         churn.stop()
 
 
+def _served_on(loop: asyncio.AbstractEventLoop, collector: Any) -> tuple[Callable[[], str], Callable[[], None]]:
+    """``collector`` served at /metrics by runtime/server.py on ``loop``: (scrape over HTTP, stop)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    runner = asyncio.run_coroutine_threadsafe(server.serve({url: server.metrics_handler(registry)}), loop).result(5)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+    return scrape, lambda: asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+
+
 def test_scrapes_under_churn_succeed_when_collected_on_the_loop(loop: asyncio.AbstractEventLoop) -> None:
     churn = Churn(loop)
     errors_before = metrics.SCRAPE_ERRORS._value.get()
+    scrape, stop = _served_on(loop, ClaimCollector(guarded(churn.samples)))
     try:
         for _ in range(20):
-            text = _scrape(ClaimCollector(on_loop(loop, churn.samples)))
+            text = scrape()
             assert 'claimwarden_resource_claims{source="user",state="pending"} 20' in text  # 200 or 201
     finally:
+        stop()
         churn.stop()
     assert metrics.SCRAPE_ERRORS._value.get() == errors_before
 
 
-def _block(loop: asyncio.AbstractEventLoop, seconds: float) -> threading.Event:
-    """Keep the loop busy (a long synchronous step) for ``seconds``; the event is set once it started."""
-    started = threading.Event()
-
-    def busy() -> None:
-        started.set()
-        time.sleep(seconds)
-
-    loop.call_soon_threadsafe(busy)
-    assert started.wait(5)
-    return started
-
-
-def test_a_stuck_loop_leaves_the_gauge_out_and_counts_a_scrape_error(loop: asyncio.AbstractEventLoop) -> None:
-    errors_before = metrics.SCRAPE_ERRORS._value.get()
-    _block(loop, 0.5)
-    began = time.monotonic()
-    devices: Callable[[], list[DeviceSample]] = on_loop(loop, lambda: [DeviceSample("gpu.example.com", "free")],
-                                                        timeout=0.1)
-    collector = DeviceCollector(devices, lambda: ["NoExecute"], lambda: 2)
-    text = _scrape(collector)
-    assert time.monotonic() - began < 0.4, "the scrape did not wait for the loop"
-    assert "claimwarden_devices{" not in text
-    assert 'claimwarden_unhealthy_devices{effect="NoExecute"} 1.0' in text, "the other gauges are still served"
-    assert "claimwarden_eviction_pending_pods 2.0" in text
-    assert metrics.SCRAPE_ERRORS._value.get() == errors_before + 1
-    time.sleep(0.5)  # the abandoned call is skipped once the loop is free again
-    assert 'claimwarden_devices{driver="gpu.example.com",state="free"} 1.0' in _scrape(collector)
-
-
-def test_a_failing_callback_is_a_scrape_error_not_a_failed_scrape(loop: asyncio.AbstractEventLoop) -> None:
+def test_a_failing_callback_is_a_scrape_error_not_a_failed_scrape() -> None:
     def broken() -> list[ClaimSample]:
         raise KeyError("gone")
 
     errors_before = metrics.SCRAPE_ERRORS._value.get()
-    assert "claimwarden_resource_claims" not in _scrape(ClaimCollector(on_loop(loop, broken)))
+    assert "claimwarden_resource_claims" not in _scrape(ClaimCollector(guarded(broken)))
     assert metrics.SCRAPE_ERRORS._value.get() == errors_before + 1
 
 
-def test_a_closed_loop_is_a_scrape_error() -> None:
-    closed = asyncio.new_event_loop()
-    closed.close()
-    with pytest.raises(ScrapeFailed):
-        on_loop(closed, lambda: 1)()
+def test_a_failing_gauge_leaves_the_others_served() -> None:
+    def broken() -> list[DeviceSample]:
+        raise RuntimeError("an index is not there yet")
 
-
-def test_called_on_the_loop_itself_it_runs_directly() -> None:
-    async def scenario() -> int:
-        return on_loop(asyncio.get_running_loop(), lambda: 7)()
-
-    assert asyncio.run(scenario()) == 7
+    text = _scrape(DeviceCollector(guarded(broken), lambda: ["NoExecute"], lambda: 2))
+    assert "claimwarden_devices{" not in text
+    assert 'claimwarden_unhealthy_devices{effect="NoExecute"} 1.0' in text, "the other gauges are still served"
+    assert "claimwarden_eviction_pending_pods 2.0" in text
 
 
 def test_a_cached_gauge_is_computed_at_most_once_per_period(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from claimwarden.runtime import kopf_toggles
 from claimwarden.runtime.kopf_toggles import CountingToggleSet
-from claimwarden.runtime.readiness import Readiness, decide, serve, split_url
+from claimwarden.runtime.readiness import Readiness, decide, split_url
+from claimwarden.runtime.server import readiness_handler, serve
 from claimwarden_lab.processes import free_port
 
 
@@ -69,7 +70,7 @@ def test_the_server_answers_200_or_503_with_the_reason() -> None:
             return error.code, error.read().decode()
 
     async def scenario() -> list[tuple[int, str]]:
-        runner = await serve(f"http://127.0.0.1:{port}/readyz", lambda: answers[0])
+        runner = await serve({f"http://127.0.0.1:{port}/readyz": readiness_handler(lambda: answers[0])})
         try:
             first = await asyncio.to_thread(get)
             answers.pop(0)

@@ -17,20 +17,21 @@ from collections.abc import Iterable
 from typing import Any
 
 import kopf
-from kopf._cogs.structs import bodies, dicts, patches
+
+from .kopf_private import diffbase_handlers
 
 
 class NullDiffBaseStorage(kopf.DiffBaseStorage):
     """Builds ``{}``, fetches nothing, stores nothing: no copy and no diff per event."""
 
-    def build(self, *, body: bodies.Body, extra_fields: Iterable[dicts.FieldSpec] | None = None
-              ) -> bodies.BodyEssence:
-        return bodies.BodyEssence()
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+              ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
-    def fetch(self, *, body: bodies.Body) -> bodies.BodyEssence | None:
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         return None
 
-    def store(self, *, body: bodies.Body, patch: patches.Patch, essence: bodies.BodyEssence) -> None:
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
 
 
@@ -40,12 +41,8 @@ class DiffBaseNeeded(kopf.PermanentError):
 
 def handlers_needing_diffbase(registry: Any) -> list[str]:
     """Descriptions of the changing and spawning handlers in a Kopf ``OperatorRegistry``, sorted."""
-    found = []
-    for kind, handlers in (("changing", registry._changing.get_all_handlers()),
-                           ("spawning", registry._spawning.get_all_handlers())):
-        for handler in handlers:
-            found.append(f"{kind} handler {handler.id!r} on {handler.selector}")
-    return sorted(found)
+    return sorted(f"{kind} handler {handler.id!r} on {handler.selector}"
+                  for kind, handler in diffbase_handlers(registry))
 
 
 def check_registry(registry: Any) -> None:

@@ -9,7 +9,7 @@ object in a ``ToggleSet(all)``, and each object's worker waits on the set. Kopf'
 This set counts its toggles that are on, so its state is O(1), and wakes its waiters only when the
 state of the whole set flips. Semantics are Kopf's: ``fn`` is ``all`` or ``any`` over the toggles
 (any other function falls back to evaluating it); toggles come only from `make_toggle`.
-`install` swaps it in for Kopf's class before ``kopf.run``.
+`install` swaps it in for Kopf's class before ``kopf.run`` (through `kopf_private`, Kopf's one door).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import asyncio
 import builtins
 from collections.abc import Callable, Iterable, Iterator
 
-from kopf._cogs.aiokits import aiotoggles
+from .kopf_private import Toggle, ToggleSet, install_toggle_set
 
 
-class CountedToggle(aiotoggles.Toggle):
+class CountedToggle(Toggle):
     """A toggle of a `CountingToggleSet`: tells its set when it flips."""
 
     def __init__(self, state: bool, *, name: str | None, owner: CountingToggleSet) -> None:
@@ -35,14 +35,14 @@ class CountedToggle(aiotoggles.Toggle):
             self._owner._flipped(self, self.is_on())
 
 
-class CountingToggleSet(aiotoggles.ToggleSet):
+class CountingToggleSet(ToggleSet):
     def __init__(self, fn: Callable[[Iterable[bool]], bool]) -> None:
         super().__init__(fn)
         global _INDEXED
         if fn is builtins.all:  # Kopf makes one ToggleSet(all): its orchestrator's operator_indexed
             _INDEXED = self
         self._ever_toggled = False  # empty, all() is true before the orchestrator adds its first toggle
-        self._members: set[aiotoggles.Toggle] = set()
+        self._members: set[Toggle] = set()
         self._on_count = 0
         self._became_on = asyncio.Event()
         self._became_off = asyncio.Event()
@@ -63,7 +63,7 @@ class CountingToggleSet(aiotoggles.ToggleSet):
             (self._became_on if state else self._became_off).set()
             (self._became_off if state else self._became_on).clear()
 
-    def _flipped(self, toggle: aiotoggles.Toggle, on: bool) -> None:
+    def _flipped(self, toggle: Toggle, on: bool) -> None:
         if toggle in self._members:
             self._on_count += 1 if on else -1
             self._refresh()
@@ -74,7 +74,7 @@ class CountingToggleSet(aiotoggles.ToggleSet):
     def __len__(self) -> int:
         return len(self._members)
 
-    def __iter__(self) -> Iterator[aiotoggles.Toggle]:
+    def __iter__(self) -> Iterator[Toggle]:
         return iter(self._members)
 
     def __contains__(self, toggle: object) -> bool:
@@ -90,7 +90,7 @@ class CountingToggleSet(aiotoggles.ToggleSet):
         while self._state != bool(__state):
             await (self._became_on if __state else self._became_off).wait()
 
-    async def make_toggle(self, __val: bool = False, *, name: str | None = None) -> aiotoggles.Toggle:
+    async def make_toggle(self, __val: bool = False, *, name: str | None = None) -> Toggle:
         toggle = CountedToggle(__val, name=name, owner=self)
         self._ever_toggled = True
         self._members.add(toggle)
@@ -98,10 +98,10 @@ class CountingToggleSet(aiotoggles.ToggleSet):
         self._refresh()
         return toggle
 
-    async def drop_toggle(self, toggle: aiotoggles.Toggle) -> None:
+    async def drop_toggle(self, toggle: Toggle) -> None:
         await self.drop_toggles([toggle])
 
-    async def drop_toggles(self, toggles: Iterable[aiotoggles.Toggle]) -> None:
+    async def drop_toggles(self, toggles: Iterable[Toggle]) -> None:
         for toggle in toggles:
             if toggle in self._members:
                 self._members.discard(toggle)
@@ -121,4 +121,4 @@ def indexed() -> bool:
 
 def install() -> None:
     """Make Kopf create `CountingToggleSet`s (its modules look the class up in `aiotoggles` when they run)."""
-    aiotoggles.ToggleSet = CountingToggleSet  # type: ignore[misc]
+    install_toggle_set(CountingToggleSet)

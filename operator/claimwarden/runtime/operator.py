@@ -16,11 +16,6 @@ from typing import Any, cast
 
 import kopf
 
-# Kopf's own stores, handed to kopf.run(indexers=..., memories=...) so that staleness.py can forget
-# objects deleted while a watch was down.
-from kopf._core.engines.indexing import OperatorIndexers
-from kopf._core.reactor.inventory import ResourceMemories
-
 from ..cache import Cache
 from ..claims.controller import ClaimsController
 from ..claims.podgroup_controller import PodGroupsController
@@ -31,6 +26,10 @@ from ..leader.elector import Elector
 from ..reservations.controller import ReservationsController
 from ..signals.controller import SignalsController
 from . import staleness
+
+# Kopf's own stores, handed to kopf.run(indexers=..., memories=...) so that staleness.py can forget
+# objects deleted while a watch was down.
+from .kopf_private import OperatorIndexers, ResourceMemories
 from .workqueue import Reconcile, WorkQueue, run_workers
 
 log = logging.getLogger("claimwarden")

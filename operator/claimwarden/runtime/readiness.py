@@ -7,22 +7,16 @@ re-list, and a rollout must be able to wait for it):
 - the last round trip to the API server succeeded recently: every replica reads the Lease every retry period
   (2 s by default), so a read older than a lease duration (15 s) means this replica is cut off. Without
   leader election there is no such read, and only the first condition counts.
-Not ready is not dead: the liveness endpoint (Kopf's) stays as it was, so a replica cut off from the API
+Not ready is not dead: the liveness endpoint answers apart from this, so a replica cut off from the API
 server leaves the Service's endpoints (and `kubectl rollout status`) without being restarted.
 
-Kopf's own server answers one path only, so this one listens on a port of its own (`--readiness`).
+`server.py` serves the answer at the `--readiness` URL.
 """
 
 from __future__ import annotations
 
-import logging
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
-
-from aiohttp import web
-
-log = logging.getLogger("claimwarden.readiness")
 
 
 @dataclass(frozen=True)
@@ -52,20 +46,3 @@ def split_url(url: str) -> tuple[str, int, str]:
     if parts.scheme != "http" or not parts.port or not parts.path:
         raise ValueError(f"{url!r} is not an http://host:port/path URL")
     return parts.hostname or "0.0.0.0", parts.port, parts.path
-
-
-async def serve(url: str, check: Callable[[], Readiness]) -> web.AppRunner:
-    """Answer GET <path> with 200 or 503 and the reason; the caller cleans the runner up."""
-    host, port, path = split_url(url)
-
-    async def answer(_: web.Request) -> web.Response:
-        state = check()
-        return web.Response(status=200 if state.ready else 503, text=state.reason + "\n")
-
-    app = web.Application()
-    app.router.add_get(path, answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info("readiness on %s", url)
-    return runner
