@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Hashable
+from typing import Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..objects import trimmed
 from ..objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
@@ -23,46 +22,14 @@ from ..objects.meta import is_being_deleted
 from ..objects.pods import resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
+from .creations import FAILED_CREATION, Recents, complete_templates, remember_created, with_recent
+from .podgroup_controller import PodGroupsController
 from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
-
-if TYPE_CHECKING:
-    from .podgroup_controller import PodGroupsController
 
 log = logging.getLogger("claimwarden.claims")
 
 NAME = "claims"
-FAILED_CREATION = "FailedResourceClaimCreation"
-# A claim we just created stays visible to planning until the watch delivers it (upstream keeps a
-# mutation cache for the same reason): without it a quick retry would create a second claim.
-RECENT_TTL = 300.0
-
-
-def with_recent(cached: list[Body], recents: dict[str, dict[str, tuple[float, Body]]], owner_uid: str) -> list[Body]:
-    """The owner's claims in the cache plus those created for it that the cache does not show yet.
-
-    `recents` (owner UID -> claim name -> (monotonic creation time, body)) forgets a claim once the
-    cache shows it or after RECENT_TTL.
-    """
-    now = time.monotonic()
-    owned = {c["metadata"]["name"]: c for c in cached}
-    recent = recents.get(owner_uid, {})
-    for claim_name, (created_at, body) in list(recent.items()):
-        if now - created_at > RECENT_TTL or claim_name in owned:
-            del recent[claim_name]
-        else:
-            owned[claim_name] = body
-    if not recent:
-        recents.pop(owner_uid, None)
-    return list(owned.values())
 APPLIED_FRESH = 10.0
-
-
-async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
-                             names: set[str]) -> dict[str, Body | None]:
-    """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
-    in memory (`trimmed.is_trimmed`) read by name (None when gone meanwhile)."""
-    return {name: await kube.get_template(namespace, name) if trimmed.is_trimmed(templates[name])
-            else templates[name] for name in sorted(names)}
 
 
 class ClaimRetry(Retry):
@@ -77,8 +44,7 @@ class ClaimsController:
         # version); None where it does not, and pods are planned as before.
         self.podgroups = podgroups
         self.queue = WorkQueue(NAME)
-        # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
-        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        self._recent: Recents = {}  # keyed by pod UID
         # pod UID -> (when, pod claim name -> claim name, the pod's resourceVersion after the apply):
         # the entries last applied to the pod's status.
         self._applied: dict[str, tuple[float, dict[str, str], str]] = {}
@@ -223,7 +189,7 @@ class ClaimsController:
         created = await self.kube.create_claim(namespace, body)
         metrics.CLAIM_CREATIONS.labels("success").inc()
         name = created["metadata"]["name"]
-        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), trimmed.claim(created))
+        remember_created(self._recent, pod["metadata"]["uid"], created)
         log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
                  pod["metadata"]["name"], name, create.template_name,
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))

@@ -14,10 +14,9 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..objects import trimmed
 from ..runtime.workqueue import Retry, WorkQueue
 from . import podgroups
-from .controller import FAILED_CREATION, complete_templates, with_recent
+from .creations import FAILED_CREATION, Recents, complete_templates, remember_created, with_recent
 
 log = logging.getLogger("claimwarden.podgroups")
 
@@ -39,8 +38,7 @@ class PodGroupsController:
         # pods record it without waiting for the claim's watch event (None in tests).
         self._on_claim = on_claim
         self.queue = WorkQueue(NAME)
-        # PodGroup UID -> claim name -> (created at, claim): created but not in the cache yet.
-        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        self._recent: Recents = {}  # keyed by PodGroup UID
         # PodGroup UID -> (when, entry name -> claim name): what the last status apply carried.
         self._applied: dict[str, tuple[float, dict[str, str]]] = {}
 
@@ -97,7 +95,7 @@ class PodGroupsController:
                 continue
             metrics.CLAIM_CREATIONS.labels("success").inc()
             claim_name = created["metadata"]["name"]
-            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), trimmed.claim(created))
+            remember_created(self._recent, uid, created)
             recorded[create.entry_name] = claim_name
             log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
                      claim_name, create.template_name, create.entry_name)

@@ -1,0 +1,55 @@
+"""Claims this operator creates, for a pod or for a PodGroup: what both controllers share.
+
+A created claim reaches the cache only when the watch delivers it. Until then it is remembered here
+(`with_recent`), so that planning does not create a second one on a quick retry: upstream keeps a
+mutation cache for the same reason. The templates a claim is made from come from the cache, read by
+name only when their spec was too big to keep in memory (`complete_templates`). A failure is posted
+as a Warning event with one reason (`FAILED_CREATION`), on the pod or on the PodGroup.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from ..cache import Body
+from ..kube.api import Kube
+from ..objects import trimmed
+
+FAILED_CREATION = "FailedResourceClaimCreation"
+RECENT_TTL = 300.0
+"""Seconds a created claim stays visible to planning while the cache does not show it."""
+
+Recents = dict[str, dict[str, tuple[float, Body]]]
+"""Owner UID -> claim name -> (monotonic creation time, claim): created, not in the cache yet."""
+
+
+def with_recent(cached: list[Body], recents: Recents, owner_uid: str) -> list[Body]:
+    """The owner's claims in the cache plus those created for it that the cache does not show yet.
+
+    `recents` forgets a claim once the cache shows it or after RECENT_TTL.
+    """
+    now = time.monotonic()
+    owned = {c["metadata"]["name"]: c for c in cached}
+    recent = recents.get(owner_uid, {})
+    for claim_name, (created_at, body) in list(recent.items()):
+        if now - created_at > RECENT_TTL or claim_name in owned:
+            del recent[claim_name]
+        else:
+            owned[claim_name] = body
+    if not recent:
+        recents.pop(owner_uid, None)
+    return list(owned.values())
+
+
+def remember_created(recents: Recents, owner_uid: str, created: Body) -> None:
+    """Keep a claim just created (trimmed as the cache keeps it) until the cache shows it."""
+    recents.setdefault(owner_uid, {})[created["metadata"]["name"]] = (time.monotonic(), trimmed.claim(created))
+
+
+async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
+                             names: set[str]) -> dict[str, Body | None]:
+    """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
+    in memory (`trimmed.is_trimmed`) read by name (None when gone meanwhile)."""
+    return {name: await kube.get_template(namespace, name) if trimmed.is_trimmed(templates[name])
+            else templates[name] for name in sorted(names)}
