@@ -14,12 +14,14 @@ from ..kube.errors import ApiError
 from ..objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
+    ClaimView,
+    controlling_pod_ref,
     controlling_pod_uid,
     is_allocated,
     is_reserved_for,
 )
 from ..objects.meta import is_being_deleted
-from ..objects.pods import resolve_claim_names
+from ..objects.pods import PodView, resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
 from .creations import FAILED_CREATION, Recents, complete_templates, remember_created, with_recent
@@ -51,6 +53,27 @@ class ClaimsController:
 
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
+
+    def enqueue_for_pod(self, pod: PodView) -> None:
+        """A pod event: a pod listing claims is queued if it may have work; a deleted one is forgotten
+        (and nothing queued: the index no longer holds it)."""
+        if not pod.lists_claims:
+            return
+        if pod.deleted:
+            self.forget_pod(pod.uid)
+        else:
+            self.enqueue_if_needed(pod.namespace, pod.name)
+
+    def enqueue_for_claim(self, claim: ClaimView) -> None:
+        """A claim event: the pods that use it, or control it, are queued if they may have work."""
+        if claim.deleted:
+            self.forget_deleted_claim(claim.body)
+        pods = set(self.cache.pods_using_claim(claim.namespace, claim.name))
+        owner = controlling_pod_ref(claim.body)
+        if owner is not None:
+            pods.add(owner["name"])  # usually the one pod that uses it: checked once
+        for pod in sorted(pods):
+            self.enqueue_if_needed(claim.namespace, pod)
 
     def forget_deleted_claim(self, claim: Body) -> None:
         """A claim we created was deleted (maybe before the watch delivered it): stop counting on it."""
