@@ -24,7 +24,14 @@ from ..objects.meta import is_being_deleted
 from ..objects.pods import PodView, resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
-from .creations import FAILED_CREATION, Recents, complete_templates, remember_created, with_recent
+from .creations import (
+    Recents,
+    cached_templates,
+    complete_templates,
+    remember_created,
+    warn_failed_creation,
+    with_recent,
+)
 from .podgroup_controller import PodGroupsController
 from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
 
@@ -131,13 +138,7 @@ class ClaimsController:
             return
         uid = pod["metadata"].get("uid", "")
         owned, claims = self._claims_of(namespace, pod)
-        templates = {}
-        for entry in pod["spec"].get("resourceClaims") or []:
-            template_name = entry.get("resourceClaimTemplateName")
-            if template_name:
-                template = self.cache.template(namespace, template_name)
-                if template is not None:
-                    templates[template_name] = template
+        templates = cached_templates(self.cache, namespace, pod["spec"].get("resourceClaims") or [])
 
         pod_plan = plan.plan_pod(pod, claims, owned, templates, group=await self._group_view(pod))
         if plan.recreates(pod, pod_plan):
@@ -185,7 +186,7 @@ class ClaimsController:
             await self._delete_duplicates(namespace, name, owned, set(recorded.values()))
         if failures:
             for message in failures:
-                await self._warn(pod, message)
+                await warn_failed_creation(self.kube, pod, message, kind="pod")
             raise ClaimRetry("; ".join(failures))
 
     async def _group_view(self, pod: Body) -> GroupView | None:
@@ -264,10 +265,3 @@ class ClaimsController:
                     continue
                 raise
             log.info("claim %s/%s: deleted as a duplicate; pod %s uses another claim", namespace, duplicate, name)
-
-    async def _warn(self, pod: Body, message: str) -> None:
-        try:
-            await self.kube.post_event(pod, "Warning", FAILED_CREATION, message)
-        except ApiError as exc:
-            log.warning("could not post event on pod %s/%s: %s", pod["metadata"].get("namespace"),
-                        pod["metadata"].get("name"), exc)

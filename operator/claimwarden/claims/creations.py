@@ -9,12 +9,17 @@ as a Warning event with one reason (`FAILED_CREATION`), on the pod or on the Pod
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from ..cache import Body
+from ..cache import Body, Cache
 from ..kube.api import Kube
+from ..kube.errors import ApiError
 from ..objects import trimmed
+
+log = logging.getLogger("claimwarden.claims")
 
 FAILED_CREATION = "FailedResourceClaimCreation"
 RECENT_TTL = 300.0
@@ -47,9 +52,28 @@ def remember_created(recents: Recents, owner_uid: str, created: Body) -> None:
     recents.setdefault(owner_uid, {})[created["metadata"]["name"]] = (time.monotonic(), trimmed.claim(created))
 
 
+def cached_templates(cache: Cache, namespace: str, entries: Iterable[dict[str, Any]]) -> dict[str, Body]:
+    """The cached templates that `resourceClaims` entries (of a pod or a PodGroup) name, by name."""
+    templates = {}
+    for entry in entries:
+        template_name = entry.get("resourceClaimTemplateName")
+        if template_name and (template := cache.template(namespace, template_name)) is not None:
+            templates[template_name] = template
+    return templates
+
+
 async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
                              names: set[str]) -> dict[str, Body | None]:
     """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
     in memory (`trimmed.is_trimmed`) read by name (None when gone meanwhile)."""
     return {name: await kube.get_template(namespace, name) if trimmed.is_trimmed(templates[name])
             else templates[name] for name in sorted(names)}
+
+
+async def warn_failed_creation(kube: Kube, involved: Body, message: str, *, kind: str) -> None:
+    """Post the failure as a Warning event on the pod or PodGroup (`kind` names it in the log when that fails)."""
+    try:
+        await kube.post_event(involved, "Warning", FAILED_CREATION, message)
+    except ApiError as exc:
+        log.warning("could not post event on %s %s/%s: %s", kind, involved["metadata"].get("namespace"),
+                    involved["metadata"].get("name"), exc)

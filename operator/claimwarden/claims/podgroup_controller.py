@@ -16,7 +16,14 @@ from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..runtime.workqueue import Retry, WorkQueue
 from . import podgroups
-from .creations import FAILED_CREATION, Recents, complete_templates, remember_created, with_recent
+from .creations import (
+    Recents,
+    cached_templates,
+    complete_templates,
+    remember_created,
+    warn_failed_creation,
+    with_recent,
+)
 
 log = logging.getLogger("claimwarden.podgroups")
 
@@ -69,11 +76,7 @@ class PodGroupsController:
             claim_name = entry.get("resourceClaimName")
             if claim_name and claim_name not in claims and (found := self.cache.claim(namespace, claim_name)):
                 claims[claim_name] = found
-        templates = {}
-        for entry in podgroup.get("spec", {}).get("resourceClaims") or []:
-            template_name = entry.get("resourceClaimTemplateName")
-            if template_name and (template := self.cache.template(namespace, template_name)) is not None:
-                templates[template_name] = template
+        templates = cached_templates(self.cache, namespace, podgroup.get("spec", {}).get("resourceClaims") or [])
 
         group_plan = podgroups.plan_podgroup(podgroup, claims, owned, templates)
         sources = await complete_templates(self.kube, namespace, templates,
@@ -109,14 +112,7 @@ class PodGroupsController:
             if self._on_claim is not None:
                 self._on_claim(namespace, name)
         if failures:
+            involved = {**podgroup, "apiVersion": self.api_version, "kind": podgroups.KIND}
             for message in failures:
-                await self._warn(podgroup, message)
+                await warn_failed_creation(self.kube, involved, message, kind="PodGroup")
             raise PodGroupRetry("; ".join(failures))
-
-    async def _warn(self, podgroup: Body, message: str) -> None:
-        try:
-            await self.kube.post_event({**podgroup, "apiVersion": self.api_version, "kind": podgroups.KIND},
-                                       "Warning", FAILED_CREATION, message)
-        except ApiError as exc:
-            log.warning("could not post event on PodGroup %s/%s: %s", podgroup["metadata"].get("namespace"),
-                        podgroup["metadata"].get("name"), exc)
