@@ -72,7 +72,11 @@ def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.Co
 
 # Each Kopf index costs a handler invocation on every event of its kind, so each kind has one index
 # whose keys are tagged by look-up: (namespace, name) -> the projection, (tag, ...) -> a reverse
-# look-up. `cache.index_views` splits them again into the look-ups `Cache` reads.
+# look-up. `cache.index_views` splits them again into the look-ups `Cache` reads. Every index is
+# declared here, each with the question it answers; registered always (pods, claims,
+# templates_by_name), with health (slices_by_name, device_records: register_health_handlers), with
+# signals (health_policies, device_classes, nodes_by_name) and where PodGroups are served (pod_groups:
+# register_podgroup_handlers).
 
 @kopf.index(*PODS)
 async def pods(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
@@ -120,6 +124,7 @@ async def claims(namespace: str | None, name: str, body: kopf.Body, labels: kopf
 
 @kopf.index(*TEMPLATES)
 async def templates_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """(namespace, name) -> projection: which template does a pod's or PodGroup's claim entry name?"""
     namespace = namespace or ""
     return {(namespace, name): trimmed.template(body)}
 
@@ -161,6 +166,17 @@ async def device_records(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]
     return keys
 
 
+async def pod_groups(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """(namespace, name) -> projection; ("template", namespace, template) -> PodGroup name: which
+    PodGroups wait for this template? (Their members and claims are in the pods and claims indices.)"""
+    namespace = namespace or ""
+    keys: dict[Any, Any] = {(namespace, name): trimmed.podgroup(body)}
+    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimTemplateName"):
+            keys[(PODGROUP_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
+    return keys
+
+
 # --- events -> queues -----------------------------------------------------------------------
 
 def _leading(memo: kopf.Memo) -> Runtime | None:
@@ -197,32 +213,31 @@ async def claim_event(type: str | None, namespace: str | None, name: str, body: 
     if runtime.health:
         runtime.health.enqueue_for_claim(claim.namespace, claim.name, claim.body, deleted=claim.deleted)
     if runtime.claims:
-        runtime.claims.enqueue_for_claim(claim)
-    group_owner = podgroups.controlling_podgroup_ref(claim.body) if runtime.podgroups is not None else None
-    if group_owner is not None and runtime.podgroups is not None:
-        runtime.podgroups.enqueue(claim.namespace, group_owner["name"])
-        if runtime.claims and type in ("ADDED", "DELETED", None):
-            # Member pods record the group's claim once it exists (or look for a new one once it is gone).
-            for member in runtime.cache.pods_in_podgroup(claim.namespace, group_owner["name"]):
-                runtime.claims.enqueue_if_needed(claim.namespace, member)
+        runtime.claims.enqueue_for_claim(claim, came_or_went=type in ("ADDED", "DELETED", None))
 
 
 async def slice_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
-    if runtime is not None and runtime.health is not None:
-        runtime.health.enqueue_slice(name, dict(body))
-    if runtime is not None and runtime.signals is not None:
-        runtime.signals.enqueue_for_slice(name, dict(body), deleted=type == "DELETED")
+    if runtime is None:
+        return
+    plain = dict(body)
+    if runtime.health is not None:
+        runtime.health.enqueue_slice(name, plain)
+    if runtime.signals is not None:
+        runtime.signals.enqueue_for_slice(name, plain, deleted=type == "DELETED")
 
 
 async def record_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _leading(memo)
-    if runtime is not None and runtime.health is not None:
-        runtime.health.enqueue_record(name, dict(body))
-    if runtime is not None and runtime.handoff is not None:
+    if runtime is None:
+        return
+    plain = dict(body)
+    if runtime.health is not None:
+        runtime.health.enqueue_record(name, plain)
+    if runtime.handoff is not None:
         runtime.handoff.enqueue(name)
-    if runtime is not None and runtime.signals is not None:
-        runtime.signals.enqueue_record(dict(body))
+    if runtime.signals is not None:
+        runtime.signals.enqueue_record(plain)
 
 
 async def policy_event(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -277,30 +292,6 @@ async def template_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
             runtime.podgroups.enqueue(namespace, podgroup)
 
 
-# --- PodGroups: only where the cluster serves them (register_podgroup_handlers) -------------------
-
-async def pod_groups(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """(namespace, name) -> projection; ("template", namespace, template) -> PodGroup name: which
-    PodGroups wait for this template? (Their members and claims are in the pods and claims indices.)"""
-    namespace = namespace or ""
-    keys: dict[Any, Any] = {(namespace, name): trimmed.podgroup(body)}
-    for entry in (body.get("spec") or {}).get("resourceClaims") or []:
-        if entry.get("resourceClaimTemplateName"):
-            keys[(PODGROUP_BY_TEMPLATE, namespace, entry["resourceClaimTemplateName"])] = name
-    return keys
-
-
-def _group_claim_names(podgroup: dict[str, Any], runtime: Runtime, namespace: str) -> set[str]:
-    """Every claim a PodGroup may hold a reservation on: named in its spec or status, or controlled by it."""
-    names = {str(e["resourceClaimName"]) for e in (podgroup.get("spec") or {}).get("resourceClaims") or []
-             if e.get("resourceClaimName")}
-    names |= {str(e["resourceClaimName"]) for e in podgroups.group_claim_statuses(podgroup).values()
-              if e.get("resourceClaimName")}
-    uid = (podgroup.get("metadata") or {}).get("uid", "")
-    names |= {c["metadata"]["name"] for c in runtime.cache.claims_owned_by_podgroup(namespace, uid)}
-    return names
-
-
 async def podgroup_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                          **_: Any) -> None:
     namespace = namespace or ""
@@ -311,10 +302,8 @@ async def podgroup_event(type: str | None, namespace: str | None, name: str, bod
         if type == "DELETED":
             runtime.podgroups.forget((body.get("metadata") or {}).get("uid", ""))
         runtime.podgroups.enqueue(namespace, name)
-    deleting = type == "DELETED" or bool((body.get("metadata") or {}).get("deletionTimestamp"))
-    if runtime.reservations is not None and deleting:
-        for claim in _group_claim_names(dict(body), runtime, namespace):
-            runtime.reservations.enqueue_claim(namespace, claim)
+    if runtime.reservations is not None:
+        runtime.reservations.enqueue_for_podgroup(namespace, dict(body), deleted=type == "DELETED")
     if runtime.claims is not None:
         for pod in runtime.cache.pods_in_podgroup(namespace, name):
             runtime.claims.enqueue_pod(namespace, pod)

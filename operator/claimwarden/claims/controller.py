@@ -33,7 +33,7 @@ from .creations import (
     with_recent,
 )
 from .podgroup_controller import PodGroupsController
-from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
+from .podgroups import GroupView, controlling_podgroup_ref, is_reserved_for_group_of, podgroup_name_of
 
 log = logging.getLogger("claimwarden.claims")
 
@@ -71,8 +71,9 @@ class ClaimsController:
         else:
             self.enqueue_if_needed(pod.namespace, pod.name)
 
-    def enqueue_for_claim(self, claim: ClaimView) -> None:
-        """A claim event: the pods that use it, or control it, are queued if they may have work."""
+    def enqueue_for_claim(self, claim: ClaimView, *, came_or_went: bool = True) -> None:
+        """A claim event: the pods that use it, or control it, are queued if they may have work; a PodGroup's
+        claim queues its PodGroup, and, when it `came_or_went` (listed, added, deleted), its member pods."""
         if claim.deleted:
             self.forget_deleted_claim(claim.body)
         pods = set(self.cache.pods_using_claim(claim.namespace, claim.name))
@@ -81,6 +82,13 @@ class ClaimsController:
             pods.add(owner["name"])  # usually the one pod that uses it: checked once
         for pod in sorted(pods):
             self.enqueue_if_needed(claim.namespace, pod)
+        group = controlling_podgroup_ref(claim.body) if self.podgroups is not None else None
+        if group is not None and self.podgroups is not None:
+            self.podgroups.enqueue(claim.namespace, group["name"])
+            if came_or_went:
+                # Member pods record the group's claim once it exists (or look for a new one once it is gone).
+                for member in self.cache.pods_in_podgroup(claim.namespace, group["name"]):
+                    self.enqueue_if_needed(claim.namespace, member)
 
     def forget_deleted_claim(self, claim: Body) -> None:
         """A claim we created was deleted (maybe before the watch delivered it): stop counting on it."""

@@ -132,6 +132,20 @@ class ReservationsController:
             for claim in self.cache.claims_owned_by(pod.namespace, pod.uid):
                 self.enqueue_claim(pod.namespace, claim["metadata"]["name"])
 
+    def enqueue_for_podgroup(self, namespace: str, podgroup: Body, *, deleted: bool) -> None:
+        """A PodGroup going away: every claim it may hold a reservation on, named in its spec or status or
+        controlled by it."""
+        if not deleted and not is_being_deleted(podgroup):
+            return
+        names = {str(e["resourceClaimName"]) for e in (podgroup.get("spec") or {}).get("resourceClaims") or []
+                 if e.get("resourceClaimName")}
+        names |= {str(e["resourceClaimName"]) for e in podgroups.group_claim_statuses(podgroup).values()
+                  if e.get("resourceClaimName")}
+        uid = (podgroup.get("metadata") or {}).get("uid", "")
+        names |= {c["metadata"]["name"] for c in self.cache.claims_owned_by_podgroup(namespace, uid)}
+        for name in names:
+            self.enqueue_claim(namespace, name)
+
     def note_deleted_pod(self, uid: str) -> None:
         """A pod's DELETED event (or a confirmed stale entry): its reservations go without a GET."""
         self.deleted_pods.add(uid)
