@@ -46,7 +46,7 @@ class ClaimRetry(Retry):
 
 
 class ClaimsController:
-    def __init__(self, cache: Cache, kube: Kube, podgroups: PodGroupsController | None = None) -> None:
+    def __init__(self, cache: Cache, kube: Kube, *, podgroups: PodGroupsController | None = None) -> None:
         self.cache = cache
         self.kube = kube
         # Where the cluster serves PodGroups, their controller (the claims they control, the served

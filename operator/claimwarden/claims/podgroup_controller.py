@@ -37,7 +37,7 @@ class PodGroupRetry(Retry):
 
 class PodGroupsController:
     def __init__(self, cache: Cache, kube: Kube, version: str,
-                 on_claim: Callable[[str, str], None] | None = None) -> None:
+                 *, on_claim: Callable[[str, str], None] | None = None) -> None:
         self.cache = cache
         self.kube = kube
         self.version = version

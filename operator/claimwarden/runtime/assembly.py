@@ -88,6 +88,7 @@ async def build_runtime(*, settings: RunSettings, cache: Cache, kopf_state: Kopf
             cache, kube, health.quarantined if health else None, podgroup_version=settings.podgroup_version,
             held=health.release_held if health else None, kept=health.keeps_allocation if health else None)
         loop(reservations.queue, reservations.reconcile)
+    # `runtime` is bound just below; the elector calls `lead` only once its loop runs (Runtime.start).
     elector = await _elector(settings=settings, identity=identity, lead=lambda: runtime.lead())
     if elector is not None:
         kube.fence = elector.write_time_left  # Kube.connect takes no fence
@@ -115,7 +116,7 @@ def _claims_controllers(*, settings: RunSettings, cache: Cache, kube: Kube,
                 claims.enqueue_pod(namespace, pod)
 
         podgroups = PodGroupsController(cache, kube, settings.podgroup_version, on_claim=members_record)
-    claims = ClaimsController(cache, kube, podgroups)
+    claims = ClaimsController(cache, kube, podgroups=podgroups)
     loop(claims.queue, claims.reconcile)
     if podgroups is not None:
         loop(podgroups.queue, podgroups.reconcile)
