@@ -376,10 +376,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if receiver is not None:
         await receiver.stop()
     if runtime is not None:
-        await runtime.drain()
-        await runtime.kube.close()
-        if runtime.elector is not None and runtime.elector.kube is not runtime.kube:
-            await runtime.elector.kube.close()
+        await runtime.stop()
     if memo.get("readiness") is not None:
         await memo.readiness.cleanup()
     server = memo.get("metrics_server")

@@ -2,7 +2,7 @@
 
 `assembly.py` builds it with its controllers and their loops; `app.py` keeps it in Kopf's memo and
 calls `Runtime.start` (which leads at once, or runs the leader election that calls `Runtime.lead`
-once this replica holds the lease) and, at clean-up, `Runtime.drain`.
+once this replica holds the lease) and, at clean-up, `Runtime.stop` (drain, then close).
 """
 
 from __future__ import annotations
@@ -151,6 +151,13 @@ class Runtime:
                 await self.health.release_orphaned_quarantine()
             except Exception as exc:
                 log.warning("releasing orphaned quarantine claims failed: %s", exc)
+
+    async def stop(self) -> None:
+        """At shutdown: `drain`, then close the API connections (the lease's own as well)."""
+        await self.drain()
+        await self.kube.close()
+        if self.elector is not None and self.elector.kube is not self.kube:
+            await self.elector.kube.close()
 
     async def drain(self) -> None:
         """Let every worker finish the key in hand (an eviction and its bookkeeping are one step), then
