@@ -1,8 +1,10 @@
-"""Kopf wiring only: settings, login, indices, events -> queues, start-up and clean-up.
+"""Kopf wiring only: login, the indices, events -> queues, start-up and clean-up.
 
 Pods, claims and templates belong to others: they are only observed (``kopf.index`` and
 ``kopf.on.event``), so claimwarden never writes annotations or finalizers on them. Every event
-just puts keys on a controller's queue; workers reconcile from the indices.
+is resolved once into a view and handed to the controllers that want it, which only put keys on
+their queues; workers reconcile from the indices (runtime/ explains the two layers). The settings
+are `settings.py`'s, the runtime is built by `runtime/assembly.py`.
 """
 
 from __future__ import annotations
