@@ -25,6 +25,7 @@ from ..objects.pods import PodView, resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
 from .creations import (
+    APPLIED_FRESH,
     Recents,
     cached_templates,
     complete_templates,
@@ -38,7 +39,6 @@ from .podgroups import GroupView, controlling_podgroup_ref, is_reserved_for_grou
 log = logging.getLogger("claimwarden.claims")
 
 NAME = "claims"
-APPLIED_FRESH = 10.0
 
 
 class ClaimRetry(Retry):

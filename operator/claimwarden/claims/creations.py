@@ -24,6 +24,9 @@ log = logging.getLogger("claimwarden.claims")
 FAILED_CREATION = "FailedResourceClaimCreation"
 RECENT_TTL = 300.0
 """Seconds a created claim stays visible to planning while the cache does not show it."""
+APPLIED_FRESH = 10.0
+"""Seconds a status apply of the claims recorded on a pod or PodGroup counts as current: within them
+the same entries are not applied again (the echo of our own apply changes nothing)."""
 
 Recents = dict[str, dict[str, tuple[float, Body]]]
 """Owner UID -> claim name -> (monotonic creation time, claim): created, not in the cache yet."""

@@ -17,6 +17,7 @@ from ..kube.errors import ApiError
 from ..runtime.workqueue import Retry, WorkQueue
 from . import podgroups
 from .creations import (
+    APPLIED_FRESH,
     Recents,
     cached_templates,
     complete_templates,
@@ -28,7 +29,6 @@ from .creations import (
 log = logging.getLogger("claimwarden.podgroups")
 
 NAME = "podgroups"
-APPLIED_FRESH = 10.0
 
 
 class PodGroupRetry(Retry):
