@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 from . import __version__
 
 if TYPE_CHECKING:
-    from .app import RunSettings
+    from .settings import RunSettings
 
 PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
 
 
 def _controllers(text: str) -> tuple[str, ...]:
-    from .app import ALL_CONTROLLERS
+    from .settings import ALL_CONTROLLERS
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     wrong = [n for n in names if n not in ALL_CONTROLLERS]
@@ -260,11 +260,11 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 
     What the server serves is not known yet: `_run` adds it with `dataclasses.replace`.
     """
-    from .app import RunSettings
     from .handoff.controller import HandoffSettings
     from .health import breaker
     from .health.controller import HealthSettings
     from .leader.elector import ElectionSettings, default_identity
+    from .settings import RunSettings
     from .signals.webhook import WebhookSettings
 
     namespace = args.namespace or own_namespace()
@@ -311,7 +311,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import app
+    from . import app, discovery
     from .runtime import operator as runtime
 
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
@@ -327,22 +327,22 @@ def _run(args: argparse.Namespace) -> int:
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        server_version = app.server_version(kubeconfig=settings.kubeconfig)
+        server_version = discovery.server_version(kubeconfig=settings.kubeconfig)
     except Exception as exc:
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         print(f"claimwarden: cannot reach the Kubernetes API ({reason}); "
               "check --kubeconfig, $KUBECONFIG or the in-cluster service account", file=sys.stderr)
         return 1
     settings = dataclasses.replace(settings, server_version=server_version,
-                                   podgroup_version=app.served_podgroup_version(kubeconfig=settings.kubeconfig))
+                                   podgroup_version=discovery.served_podgroup_version(kubeconfig=settings.kubeconfig))
     if settings.podgroup_version is not None:
         app.register_podgroup_handlers(settings.podgroup_version)
     if "health" in settings.controllers:
-        if not app.records_crd_installed(kubeconfig=settings.kubeconfig):
+        if not discovery.records_crd_installed(kubeconfig=settings.kubeconfig):
             print("claimwarden: the UnhealthyDevice CRD (unhealthydevices.claimwarden.io) is not installed; "
                   "run 'kubectl apply -k crds/', or leave 'health' out of --controllers", file=sys.stderr)
             return 1
-        signals = app.records_crd_installed(kubeconfig=settings.kubeconfig, plural="healthpolicies")
+        signals = discovery.records_crd_installed(kubeconfig=settings.kubeconfig, plural="healthpolicies")
         if not signals:
             print("claimwarden: the HealthPolicy CRD (healthpolicies.claimwarden.io) is not installed; device health "
                   "from signals is off ('kubectl apply -k crds/' installs it)", file=sys.stderr)

@@ -10,16 +10,17 @@ import kopf
 import pytest
 
 from claimwarden import app, cli
+from claimwarden import settings as run
 
 
-def _settings(*flags: str) -> app.RunSettings:
+def _settings(*flags: str) -> run.RunSettings:
     return cli.run_settings(cli._parser(None).parse_args(["run", *flags]))
 
 
 def test_the_defaults_are_those_of_the_flags() -> None:
     settings = _settings()
-    assert isinstance(settings, app.RunSettings)
-    assert settings.controllers == app.ALL_CONTROLLERS
+    assert isinstance(settings, run.RunSettings)
+    assert settings.controllers == run.ALL_CONTROLLERS
     assert settings.kubeconfig is None
     assert settings.namespace == "claimwarden-system"
     assert (settings.metrics_address, settings.metrics_port) == ("0.0.0.0", 9090)

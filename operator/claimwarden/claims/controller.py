@@ -4,65 +4,41 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Hashable
+from typing import Any, cast
 
 from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..objects import trimmed
 from ..objects.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
+    ClaimView,
+    controlling_pod_ref,
     controlling_pod_uid,
     is_allocated,
     is_reserved_for,
 )
 from ..objects.meta import is_being_deleted
-from ..objects.pods import resolve_claim_names
+from ..objects.pods import PodView, resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
 from . import plan
-from .podgroups import GroupView, is_reserved_for_group_of, podgroup_name_of
-
-if TYPE_CHECKING:
-    from .podgroup_controller import PodGroupsController
+from .creations import (
+    APPLIED_FRESH,
+    Recents,
+    cached_templates,
+    complete_templates,
+    remember_created,
+    warn_failed_creation,
+    with_recent,
+)
+from .podgroup_controller import PodGroupsController
+from .podgroups import GroupView, controlling_podgroup_ref, is_reserved_for_group_of, podgroup_name_of
 
 log = logging.getLogger("claimwarden.claims")
 
 NAME = "claims"
-FAILED_CREATION = "FailedResourceClaimCreation"
-# A claim we just created stays visible to planning until the watch delivers it (upstream keeps a
-# mutation cache for the same reason): without it a quick retry would create a second claim.
-RECENT_TTL = 300.0
-
-
-def with_recent(cached: list[Body], recents: dict[str, dict[str, tuple[float, Body]]], owner_uid: str) -> list[Body]:
-    """The owner's claims in the cache plus those created for it that the cache does not show yet.
-
-    `recents` (owner UID -> claim name -> (monotonic creation time, body)) forgets a claim once the
-    cache shows it or after RECENT_TTL.
-    """
-    now = time.monotonic()
-    owned = {c["metadata"]["name"]: c for c in cached}
-    recent = recents.get(owner_uid, {})
-    for claim_name, (created_at, body) in list(recent.items()):
-        if now - created_at > RECENT_TTL or claim_name in owned:
-            del recent[claim_name]
-        else:
-            owned[claim_name] = body
-    if not recent:
-        recents.pop(owner_uid, None)
-    return list(owned.values())
-APPLIED_FRESH = 10.0
-
-
-async def complete_templates(kube: Kube, namespace: str, templates: Mapping[str, Body],
-                             names: set[str]) -> dict[str, Body | None]:
-    """The named templates to make claims from: the cached ones, but those whose spec was too big to keep
-    in memory (`trimmed.is_trimmed`) read by name (None when gone meanwhile)."""
-    return {name: await kube.get_template(namespace, name) if trimmed.is_trimmed(templates[name])
-            else templates[name] for name in sorted(names)}
 
 
 class ClaimRetry(Retry):
@@ -70,21 +46,49 @@ class ClaimRetry(Retry):
 
 
 class ClaimsController:
-    def __init__(self, cache: Cache, kube: Kube, podgroups: PodGroupsController | None = None) -> None:
+    def __init__(self, cache: Cache, kube: Kube, *, podgroups: PodGroupsController | None = None) -> None:
         self.cache = cache
         self.kube = kube
         # Where the cluster serves PodGroups, their controller (the claims they control, the served
         # version); None where it does not, and pods are planned as before.
         self.podgroups = podgroups
         self.queue = WorkQueue(NAME)
-        # pod UID -> claim name -> (created at, claim): claims created but not seen in the cache yet.
-        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        self._recent: Recents = {}  # keyed by pod UID
         # pod UID -> (when, pod claim name -> claim name, the pod's resourceVersion after the apply):
         # the entries last applied to the pod's status.
         self._applied: dict[str, tuple[float, dict[str, str], str]] = {}
 
     def enqueue_pod(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
+
+    def enqueue_for_pod(self, pod: PodView) -> None:
+        """A pod event: a pod listing claims is queued if it may have work; a deleted one is forgotten
+        (and nothing queued: the index no longer holds it)."""
+        if not pod.lists_claims:
+            return
+        if pod.deleted:
+            self.forget_pod(pod.uid)
+        else:
+            self.enqueue_if_needed(pod.namespace, pod.name)
+
+    def enqueue_for_claim(self, claim: ClaimView, *, came_or_went: bool = True) -> None:
+        """A claim event: the pods that use it, or control it, are queued if they may have work; a PodGroup's
+        claim queues its PodGroup, and, when it `came_or_went` (listed, added, deleted), its member pods."""
+        if claim.deleted:
+            self.forget_deleted_claim(claim.body)
+        pods = set(self.cache.pods_using_claim(claim.namespace, claim.name))
+        owner = controlling_pod_ref(claim.body)
+        if owner is not None:
+            pods.add(owner["name"])  # usually the one pod that uses it: checked once
+        for pod in sorted(pods):
+            self.enqueue_if_needed(claim.namespace, pod)
+        group = controlling_podgroup_ref(claim.body) if self.podgroups is not None else None
+        if group is not None and self.podgroups is not None:
+            self.podgroups.enqueue(claim.namespace, group["name"])
+            if came_or_went:
+                # Member pods record the group's claim once it exists (or look for a new one once it is gone).
+                for member in self.cache.pods_in_podgroup(claim.namespace, group["name"]):
+                    self.enqueue_if_needed(claim.namespace, member)
 
     def forget_deleted_claim(self, claim: Body) -> None:
         """A claim we created was deleted (maybe before the watch delivered it): stop counting on it."""
@@ -142,13 +146,7 @@ class ClaimsController:
             return
         uid = pod["metadata"].get("uid", "")
         owned, claims = self._claims_of(namespace, pod)
-        templates = {}
-        for entry in pod["spec"].get("resourceClaims") or []:
-            template_name = entry.get("resourceClaimTemplateName")
-            if template_name:
-                template = self.cache.template(namespace, template_name)
-                if template is not None:
-                    templates[template_name] = template
+        templates = cached_templates(self.cache, namespace, pod["spec"].get("resourceClaims") or [])
 
         pod_plan = plan.plan_pod(pod, claims, owned, templates, group=await self._group_view(pod))
         if plan.recreates(pod, pod_plan):
@@ -196,7 +194,7 @@ class ClaimsController:
             await self._delete_duplicates(namespace, name, owned, set(recorded.values()))
         if failures:
             for message in failures:
-                await self._warn(pod, message)
+                await warn_failed_creation(self.kube, pod, message, kind="pod")
             raise ClaimRetry("; ".join(failures))
 
     async def _group_view(self, pod: Body) -> GroupView | None:
@@ -223,7 +221,7 @@ class ClaimsController:
         created = await self.kube.create_claim(namespace, body)
         metrics.CLAIM_CREATIONS.labels("success").inc()
         name = created["metadata"]["name"]
-        self._recent.setdefault(pod["metadata"]["uid"], {})[name] = (time.monotonic(), trimmed.claim(created))
+        remember_created(self._recent, pod["metadata"]["uid"], created)
         log.info("pod %s/%s: created ResourceClaim %s from template %s for pod claim %s", namespace,
                  pod["metadata"]["name"], name, create.template_name,
                  created["metadata"].get("annotations", {}).get(POD_CLAIM_NAME_ANNOTATION))
@@ -275,10 +273,3 @@ class ClaimsController:
                     continue
                 raise
             log.info("claim %s/%s: deleted as a duplicate; pod %s uses another claim", namespace, duplicate, name)
-
-    async def _warn(self, pod: Body, message: str) -> None:
-        try:
-            await self.kube.post_event(pod, "Warning", FAILED_CREATION, message)
-        except ApiError as exc:
-            log.warning("could not post event on pod %s/%s: %s", pod["metadata"].get("namespace"),
-                        pod["metadata"].get("name"), exc)

@@ -14,15 +14,21 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
-from ..objects import trimmed
 from ..runtime.workqueue import Retry, WorkQueue
 from . import podgroups
-from .controller import FAILED_CREATION, complete_templates, with_recent
+from .creations import (
+    APPLIED_FRESH,
+    Recents,
+    cached_templates,
+    complete_templates,
+    remember_created,
+    warn_failed_creation,
+    with_recent,
+)
 
 log = logging.getLogger("claimwarden.podgroups")
 
 NAME = "podgroups"
-APPLIED_FRESH = 10.0
 
 
 class PodGroupRetry(Retry):
@@ -31,7 +37,7 @@ class PodGroupRetry(Retry):
 
 class PodGroupsController:
     def __init__(self, cache: Cache, kube: Kube, version: str,
-                 on_claim: Callable[[str, str], None] | None = None) -> None:
+                 *, on_claim: Callable[[str, str], None] | None = None) -> None:
         self.cache = cache
         self.kube = kube
         self.version = version
@@ -39,8 +45,7 @@ class PodGroupsController:
         # pods record it without waiting for the claim's watch event (None in tests).
         self._on_claim = on_claim
         self.queue = WorkQueue(NAME)
-        # PodGroup UID -> claim name -> (created at, claim): created but not in the cache yet.
-        self._recent: dict[str, dict[str, tuple[float, Body]]] = {}
+        self._recent: Recents = {}  # keyed by PodGroup UID
         # PodGroup UID -> (when, entry name -> claim name): what the last status apply carried.
         self._applied: dict[str, tuple[float, dict[str, str]]] = {}
 
@@ -71,11 +76,7 @@ class PodGroupsController:
             claim_name = entry.get("resourceClaimName")
             if claim_name and claim_name not in claims and (found := self.cache.claim(namespace, claim_name)):
                 claims[claim_name] = found
-        templates = {}
-        for entry in podgroup.get("spec", {}).get("resourceClaims") or []:
-            template_name = entry.get("resourceClaimTemplateName")
-            if template_name and (template := self.cache.template(namespace, template_name)) is not None:
-                templates[template_name] = template
+        templates = cached_templates(self.cache, namespace, podgroup.get("spec", {}).get("resourceClaims") or [])
 
         group_plan = podgroups.plan_podgroup(podgroup, claims, owned, templates)
         sources = await complete_templates(self.kube, namespace, templates,
@@ -97,7 +98,7 @@ class PodGroupsController:
                 continue
             metrics.CLAIM_CREATIONS.labels("success").inc()
             claim_name = created["metadata"]["name"]
-            self._recent.setdefault(uid, {})[claim_name] = (time.monotonic(), trimmed.claim(created))
+            remember_created(self._recent, uid, created)
             recorded[create.entry_name] = claim_name
             log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
                      claim_name, create.template_name, create.entry_name)
@@ -111,14 +112,7 @@ class PodGroupsController:
             if self._on_claim is not None:
                 self._on_claim(namespace, name)
         if failures:
+            involved = {**podgroup, "apiVersion": self.api_version, "kind": podgroups.KIND}
             for message in failures:
-                await self._warn(podgroup, message)
+                await warn_failed_creation(self.kube, involved, message, kind="PodGroup")
             raise PodGroupRetry("; ".join(failures))
-
-    async def _warn(self, podgroup: Body, message: str) -> None:
-        try:
-            await self.kube.post_event({**podgroup, "apiVersion": self.api_version, "kind": podgroups.KIND},
-                                       "Warning", FAILED_CREATION, message)
-        except ApiError as exc:
-            log.warning("could not post event on PodGroup %s/%s: %s", podgroup["metadata"].get("namespace"),
-                        podgroup["metadata"].get("name"), exc)

@@ -30,7 +30,7 @@ from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..objects.claims import allocated_devices
-from ..objects.pods import pod_claim_names
+from ..objects.pods import PodView
 from ..runtime.workqueue import WorkQueue
 from ..timestamps import format_rfc3339, now, parse_rfc3339
 from . import approval, breaker, groups, node_drain, plan, records, siblings
@@ -182,16 +182,16 @@ class HealthController:
             if self.cache.record(record) is not None:
                 self.record_queue.add(record)
 
-    def enqueue_for_pod(self, namespace: str, pod: Body) -> None:
+    def enqueue_for_pod(self, pod: PodView) -> None:
         """A pod changed (bound to a node, say): look again at the records of the devices it uses.
 
         A claim is reserved before its pod is bound, so a pod on a marked device becomes evictable
         only with the pod's own update, not the claim's.
         """
-        for claim_name in pod_claim_names(pod):
-            claim = self.cache.claim(namespace, claim_name)
+        for claim_name in pod.claim_names:
+            claim = self.cache.claim(pod.namespace, claim_name)
             if claim is not None:
-                self.enqueue_for_claim(namespace, claim_name, claim)
+                self.enqueue_for_claim(pod.namespace, claim_name, claim)
 
     def server_copies_tolerations(self) -> bool:
         """True once an allocation result with tolerations was seen (a scan of all claims every COPIES_RESCAN s)."""

@@ -1,7 +1,13 @@
-"""A ResourceClaim: who controls it, who it is reserved for, what it was allocated, and its name."""
+"""A ResourceClaim: who controls it, who it is reserved for, what it was allocated, and its name.
+
+A claim event is resolved here once (`claim_view`): its plain body is copied once and handed to
+every controller that wants the event.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .meta import metadata, status
@@ -110,3 +116,17 @@ def claim_source(claim: dict[str, Any]) -> str:
     if annotations.get(POD_CLAIM_NAME_ANNOTATION):
         return "resource_claim_template"
     return "user"
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """One claim event, resolved once for every controller that wants it."""
+
+    namespace: str
+    name: str
+    body: dict[str, Any]  # the plain body, copied once; not to be changed
+    deleted: bool = False
+
+
+def claim_view(namespace: str | None, name: str, body: Mapping[str, Any], *, deleted: bool = False) -> ClaimView:
+    return ClaimView(namespace=namespace or "", name=name, body=dict(body), deleted=deleted)

@@ -1,8 +1,13 @@
 """A pod, and the ResourceClaims it names: resolved from spec.resourceClaims, its status and its
-extended-resource claim."""
+extended-resource claim.
+
+A pod event is resolved here once (`pod_view`): the plain body is copied once and its claim names
+resolved once, and every controller that wants the event is handed that one `PodView`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +102,29 @@ def _resolve_one(entry: dict[str, Any], recorded: dict[str, dict[str, Any]]) -> 
     if not claim_name:
         return ResolvedClaim(name, None, from_template=True, needed=False)
     return ResolvedClaim(name, str(claim_name), from_template=True, needed=True)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One event of a pod that uses claims, resolved once for every controller that wants it."""
+
+    namespace: str
+    name: str
+    uid: str
+    claim_names: tuple[str, ...]  # `pod_claim_names`: the claims it uses that are known by name
+    body: dict[str, Any]  # the plain body, copied once; not to be changed
+    deleted: bool = False
+
+    @property
+    def lists_claims(self) -> bool:
+        """True when `spec.resourceClaims` names claims (an extended-resource claim alone does not)."""
+        return bool(spec(self.body).get("resourceClaims"))
+
+
+def pod_view(namespace: str | None, name: str, body: Mapping[str, Any], *, deleted: bool = False) -> PodView | None:
+    """The event's view, or None when the pod uses no claims: then no controller has anything to do."""
+    plain = dict(body)
+    if not has_claims(plain):
+        return None
+    return PodView(namespace=namespace or "", name=name, uid=pod_uid(plain),
+                   claim_names=tuple(pod_claim_names(plain)), body=plain, deleted=deleted)

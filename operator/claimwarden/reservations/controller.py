@@ -41,7 +41,7 @@ from ..objects.claims import (
     reserved_for,
 )
 from ..objects.meta import is_being_deleted
-from ..objects.pods import pod_uid
+from ..objects.pods import PodView, pod_uid
 from ..runtime.workqueue import Requeue, WorkQueue
 from . import plan
 
@@ -116,6 +116,35 @@ class ReservationsController:
             self.queue.add_after((namespace, name), RELEASE_GATHER)
         else:
             self.queue.add((namespace, name))
+
+    def enqueue_for_pod(self, pod: PodView) -> None:
+        """The claims a pod event may let go: all the pod uses and controls once it may release them
+        (`plan.pod_may_release`), else those still reserved for a predecessor of the same name."""
+        if pod.deleted:
+            self.note_deleted_pod(pod.uid)
+        releasing = plan.pod_may_release(pod.body, deleted=pod.deleted)
+        for claim_name in pod.claim_names:
+            claim = self.cache.claim(pod.namespace, claim_name)
+            if releasing or plan.reserved_for_predecessor(claim, pod.name, pod.uid):
+                shared = len(((claim or {}).get("status") or {}).get("reservedFor") or []) > 1
+                self.enqueue_claim(pod.namespace, claim_name, gather=shared)
+        if releasing:
+            for claim in self.cache.claims_owned_by(pod.namespace, pod.uid):
+                self.enqueue_claim(pod.namespace, claim["metadata"]["name"])
+
+    def enqueue_for_podgroup(self, namespace: str, podgroup: Body, *, deleted: bool) -> None:
+        """A PodGroup going away: every claim it may hold a reservation on, named in its spec or status or
+        controlled by it."""
+        if not deleted and not is_being_deleted(podgroup):
+            return
+        names = {str(e["resourceClaimName"]) for e in (podgroup.get("spec") or {}).get("resourceClaims") or []
+                 if e.get("resourceClaimName")}
+        names |= {str(e["resourceClaimName"]) for e in podgroups.group_claim_statuses(podgroup).values()
+                  if e.get("resourceClaimName")}
+        uid = (podgroup.get("metadata") or {}).get("uid", "")
+        names |= {c["metadata"]["name"] for c in self.cache.claims_owned_by_podgroup(namespace, uid)}
+        for name in names:
+            self.enqueue_claim(namespace, name)
 
     def note_deleted_pod(self, uid: str) -> None:
         """A pod's DELETED event (or a confirmed stale entry): its reservations go without a GET."""

@@ -1,7 +1,8 @@
 """The running operator: its controllers, whether it leads, its workers and its periodic resync.
 
-`app.py` wires Kopf to this; leader election (`leader/`) calls `Runtime.lead` when this replica
-becomes the leader, and `app.py`'s clean-up calls `Runtime.drain`.
+`assembly.py` builds it with its controllers and their loops; `app.py` keeps it in Kopf's memo and
+calls `Runtime.start` (which leads at once, or runs the leader election that calls `Runtime.lead`
+once this replica holds the lease) and, at clean-up, `Runtime.stop` (drain, then close).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -67,13 +67,18 @@ class Runtime:
     leading: bool = False
     """Only the leader's events reach the queues, and only the leader's workers run."""
     loops: list[tuple[WorkQueue, Reconcile, int]] = field(default_factory=list)
+    """(queue, reconcile, workers): what `lead` starts (runtime/assembly.py composes them)."""
     queues: list[tuple[WorkQueue, int]] = field(default_factory=list)
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     background: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def add_loop(self, queue: WorkQueue, reconcile: Reconcile, workers: int | None = None) -> None:
-        """Reconcile the queue's keys with `workers` workers (default: workers_per_queue)."""
-        self.loops.append((queue, reconcile, workers or self.workers_per_queue))
+    async def start(self) -> None:
+        """Lead at once without an elector; with one, run the election, which calls `lead` once this
+        replica holds the lease."""
+        if self.elector is None:
+            await self.lead()
+        else:
+            self.election = asyncio.create_task(self.elector.run(), name="leader-election")
 
     async def lead(self) -> None:
         """Start the workers and the resync, and queue everything a standby's warm indices hold: events
@@ -146,6 +151,13 @@ class Runtime:
             except Exception as exc:
                 log.warning("releasing orphaned quarantine claims failed: %s", exc)
 
+    async def stop(self) -> None:
+        """At shutdown: `drain`, then close the API connections (the lease's own as well)."""
+        await self.drain()
+        await self.kube.close()
+        if self.elector is not None and self.elector.kube is not self.kube:
+            await self.elector.kube.close()
+
     async def drain(self) -> None:
         """Let every worker finish the key in hand (an eviction and its bookkeeping are one step), then
         cancel what is still running after the grace period; write what lives only in memory; then stop
@@ -173,13 +185,6 @@ class Runtime:
                 await self.election
         if self.elector is not None:
             await self.elector.release()
-
-
-def lost_lease() -> None:
-    """Stop at once, as client-go's controllers do: the writes in flight are fenced, the kubelet restarts
-    this process as a standby."""
-    logging.shutdown()
-    os._exit(1)
 
 
 def _forgetter(indexers: OperatorIndexers,

@@ -27,6 +27,7 @@ from ..health import records
 from ..health.records import DeviceRef
 from ..kube.api import Kube
 from ..kube.errors import ApiError
+from ..objects.pods import PodView
 from ..runtime.workqueue import Retry, WorkQueue
 from ..timestamps import format_rfc3339, now
 from . import decide, nodes, observations, podhealth, policy, taints
@@ -169,13 +170,12 @@ class SignalsController:
             if self.cache.record(signal_records.signal_record_name(ref)) is not None:
                 self.queue.add(ref)
 
-    def enqueue_for_pod(self, pod: Body, *, deleted: bool = False) -> None:
+    def enqueue_for_pod(self, pod: PodView) -> None:
         """The devices whose health entries in the pod changed (a deleted pod's: its entries are gone)."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        entries = frozenset() if deleted else frozenset(podhealth.pod_device_health(pod))
-        before = self._pod_health.pop(uid, frozenset())
+        entries = frozenset() if pod.deleted else frozenset(podhealth.pod_device_health(pod.body))
+        before = self._pod_health.pop(pod.uid, frozenset())
         if entries:
-            self._pod_health[uid] = entries
+            self._pod_health[pod.uid] = entries
         for entry in entries ^ before:
             self.queue.add(entry.ref)
 
