@@ -15,7 +15,7 @@ from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..runtime.workqueue import Requeue, WorkQueue
-from . import records, siblings
+from . import records, siblings, slice_marks
 
 log = logging.getLogger("claimwarden.health")
 
@@ -44,7 +44,7 @@ class SiblingRecords:
 
     def enqueue_slice(self, slice_: Body) -> None:
         spec = slice_.get("spec") or {}
-        driver, pool = spec.get("driver"), records.slice_pool(slice_)
+        driver, pool = spec.get("driver"), slice_marks.slice_pool(slice_)
         if driver and pool:
             self.queue.add((str(driver), pool))
 
@@ -61,7 +61,7 @@ class SiblingRecords:
         # From the records' device index, over the devices the pool lists: a scan of every record per event was
         # quadratic in a burst of marks. Records of devices no slice lists are kept anyway (siblings.py rule 3),
         # and the garbage collector removes derived records whose origin is gone.
-        devices = {device for item in pool_slices for device in records.slice_devices(item)}
+        devices = {device for item in pool_slices for device in slice_marks.slice_devices(item)}
         cached = siblings.with_origins(
             [r for device in sorted(devices) for r in self.cache.records_marking((driver, pool, device))],
             self.cache.record)
