@@ -25,7 +25,6 @@ from .record_status import condition, condition_true
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 APPROVAL_IGNORED = "ApprovalIgnored"
 APPROVAL_REMOVED = "ApprovalRemoved"
 RECREATED = (f"the ValidatingAdmissionPolicy {approval.POLICY} or its binding was created again since claimwarden last "
@@ -123,7 +122,7 @@ class ApprovalJudge:
         """Remove an approval set while the approval policy was not in force (approval.py), loudly; the verdict
         as the record's condition shows it."""
         name = record["metadata"]["name"]
-        await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, approval.removal(record))
+        await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name, approval.removal(record))
         self._distrusted.discard(name)
         removed = dataclasses.replace(verdict, message=verdict.message + approval.REMOVED)
         self._removed[name] = removed

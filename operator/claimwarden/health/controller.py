@@ -36,7 +36,7 @@ from ..kube.errors import ApiError
 from ..objects.claims import allocated_devices
 from ..objects.pods import pod_claim_names
 from ..runtime.workqueue import WorkQueue
-from ..timestamps import now, parse_rfc3339
+from ..timestamps import now
 from . import breaker, node_drain, plan, records
 from .admission import AdmissionPolicies
 from .approval_judge import ApprovalJudge
@@ -57,7 +57,6 @@ from .wave import Wave
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 IN_FLIGHT_RECHECK = 5.0  # seconds: a record held back only by evictions in flight is looked at again
 COPIES_RESCAN = 30.0  # seconds between scans of all claims for copied tolerations, until one is found
 RULE_DEFER_MAX = 30.0  # seconds after the mark a DeviceTaintRule may wait for the record's evictions
@@ -273,7 +272,7 @@ class HealthController:
             return
         moment = now()
         if records.is_expired(record, moment):
-            await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, name)
+            await self.kube.delete_cluster_object(records.API_VERSION, records.PLURAL, name)
             log.info("record %s expired and was removed", name)
             return
         expires = records.expires_at(record)
@@ -283,9 +282,7 @@ class HealthController:
         if ref is None:
             return
         seen_holders = self.holders.seen(record)
-        status = record.get("status") or {}
-        marked_at = parse_rfc3339(status.get("markedAt")) or parse_rfc3339(
-            record["metadata"].get("creationTimestamp")) or moment
+        marked_at = records.marked_at(record) or moment
 
         planned = time.monotonic()  # the device's quarantine sync ignores a plan older than the last it used
         holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))

@@ -22,7 +22,6 @@ from .records import DeviceRef
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 QUARANTINE_EFFECTS = ("NoExecute", "NoSchedule")
 
 
@@ -93,7 +92,7 @@ class DeviceSync:
         if ref is not None and not siblings:
             self._memory.pop(ref, None)  # (its lock stays: a record of the device may be syncing now)
         # Freeing a device is destructive: confirm the record is really gone first.
-        if await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name) is not None:
+        if await self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name) is not None:
             return
         if siblings:
             for sibling in siblings:

@@ -35,7 +35,6 @@ from .counts import CountWrites
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 FLUSH_SECONDS, FLUSH_WRITERS = 10.0, 8  # at shutdown: the counts still in memory, written 8 at once within 10 s
 SEED_RETRY = 5.0  # seconds: keys that waited for a live LIST of the records that failed come back without one
 
@@ -113,7 +112,7 @@ class EvictionCounts:
                 if since < SEED_RETRY:
                     raise Requeue(SEED_RETRY - since, "seed")
                 try:
-                    listed = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+                    listed = await self.kube.list_cluster_objects(records.API_VERSION, records.PLURAL)
                 except Exception:
                     self._seed_failed = time.monotonic()
                     raise
@@ -175,8 +174,8 @@ class EvictionCounts:
                 self._recent.get(name, []), now(), self.window)}
             async with writers:
                 try:
-                    await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"status": status},
-                                                               subresource="status")
+                    await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name,
+                                                               {"status": status}, subresource="status")
                 except ApiError as exc:
                     if not exc.not_found:
                         refused.append(exc)

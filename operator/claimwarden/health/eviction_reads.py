@@ -31,7 +31,6 @@ from . import groups, plan, records
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 PDB_API = "/apis/policy/v1"
 RECORD_LIST_ITEMS_PER_GET = 20  # assumed: a metadata-only LIST item costs about 1/20 of a GET, either side
 
@@ -106,13 +105,13 @@ class EvictionReads:
         shared read fails, by name too. Otherwise the record is read by name."""
         cached = self.cache.record(name) if self.cache is not None else None
         if cached is None or not shared:
-            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+            return await self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name)
         self._records_asked.add(name)
         try:
             answered = await self._record_versions.get()
         except ApiError as exc:
             log.warning("reading the records failed (%s); reading them one by one", exc)
-            return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+            return await self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name)
         if name not in answered:
             return None
         found, whole = answered[name]
@@ -120,7 +119,7 @@ class EvictionReads:
             return cached
         if whole:
             return found
-        return await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        return await self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name)
 
     async def _read_asked_records(self) -> dict[str, tuple[Body, bool]]:
         """name -> (the record now, whether whole or its metadata alone) for the names asked since the last read; a
@@ -132,10 +131,10 @@ class EvictionReads:
         total = self.cache.record_count() if self.cache is not None else 0
         if len(asked) * RECORD_LIST_ITEMS_PER_GET >= total:
             return {str(meta.get("name")): ({"metadata": meta}, False)
-                    for meta in await self.kube.list_metadata(f"/apis/{RECORDS_API}", records.PLURAL)
+                    for meta in await self.kube.list_metadata(f"/apis/{records.API_VERSION}", records.PLURAL)
                     if not meta.get("deletionTimestamp")}
         names = sorted(asked)
-        bodies = await asyncio.gather(*(self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        bodies = await asyncio.gather(*(self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name)
                                         for name in names))
         return {name: (body, True) for name, body in zip(names, bodies, strict=True)
                 if body is not None and not is_being_deleted(body)}

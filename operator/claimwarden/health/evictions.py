@@ -40,7 +40,7 @@ from ..kube.errors import ApiError
 from ..objects.meta import is_being_deleted
 from ..objects.pods import TERMINAL_PHASES
 from ..runtime.workqueue import Requeue, WorkQueue
-from ..timestamps import now, parse_rfc3339
+from ..timestamps import now
 from . import breaker, plan, records, refusals, window
 from .ahead import RecordGone
 from .breaker_room import BreakerRoom, Decide
@@ -52,7 +52,6 @@ from .refusals import EvictionKey, Refusals
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 EVICTED = "EvictedUnhealthyDevice"
 EVICTION_BLOCKED = "EvictionBlocked"
 EVICTED_MEMORY_SECONDS = 600.0
@@ -274,8 +273,7 @@ class Evictions:
             self._promote_next(namespace)
         self._remember_evicted(uid)
         metrics.EVICTIONS.labels("evicted").inc()
-        marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
-            record["metadata"].get("creationTimestamp"))
+        marked_at = records.marked_at(record)
         if marked_at is not None:
             metrics.EVICTION_LATENCY.observe(max((now() - marked_at).total_seconds(), 0.0))
         # The record's reconcile writes the count (counts.py: at most once per interval, and at shutdown), or with
@@ -390,8 +388,7 @@ def _drain_wait(record: Body) -> float | None:
         return None
     if drain.mode != records.DRAIN_EVICT_AFTER or drain.after is None:
         return 0.0
-    marked_at = parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
-        record["metadata"].get("creationTimestamp"))
+    marked_at = records.marked_at(record)
     if marked_at is None:
         return 0.0
     return max((marked_at + drain.after - now()).total_seconds(), 0.0)

@@ -19,7 +19,6 @@ from . import records, slice_marks
 CHANGED_RETRY = 0.5  # seconds before a slice whose record changed under its plan is planned again
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 MARK_ERROR = "InvalidUnhealthyMark"
 CREATE_AT_ONCE = 16
 
@@ -59,7 +58,7 @@ class Marks:
         async def create(body: Body) -> None:
             async with slots:
                 try:
-                    await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+                    await self.kube.create_cluster_object(records.API_VERSION, records.PLURAL, body)
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
@@ -70,15 +69,15 @@ class Marks:
         if failed:  # the queue retries the slice; records already created are 409s then
             raise failed[0]
         for record_name, reason in sync.update_reason:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name,
                                                        {"spec": {"reason": reason}})
         for record_name, drain in sync.update_drain:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name,
                                                        {"spec": {"drain": drain}})
             log.info("slice %s: record %s drains with %s", name, record_name, drain)
         for record_name, target in sync.relabel:
             label = records.label_value(target)
-            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name, {
+            result = await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name, {
                 "metadata": {"labels": {records.SLICE_LABEL: label}}})
             self._labels_written[record_name] = (resource_version(result), label)
             log.info("slice %s: record %s now follows the mark on slice %s", name, record_name, target)
@@ -87,8 +86,8 @@ class Marks:
             # (follow_marks), and that slice's mark must keep it. Planned again on the fresh record if so.
             meta = existing[record_name]["metadata"]
             try:
-                await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name, uid=meta.get("uid"),
-                                                      resource_version=meta.get("resourceVersion"))
+                await self.kube.delete_cluster_object(records.API_VERSION, records.PLURAL, record_name,
+                                                      uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
             except ApiError as exc:
                 if not exc.conflict:
                     raise

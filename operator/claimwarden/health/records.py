@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from claimwarden.objects.meta import spec
+from claimwarden.objects.meta import metadata, spec
 from claimwarden.timestamps import parse_rfc3339
 
 GROUP = "claimwarden.io"
@@ -225,6 +225,13 @@ def expires_at(record: dict[str, Any]) -> datetime | None:
     """The record's parsed spec.expiresAt, or None when unset or unparsable."""
     raw = spec(record).get("expiresAt")
     return parse_rfc3339(raw)
+
+
+def marked_at(record: dict[str, Any]) -> datetime | None:
+    """When the record's device was marked: its status.markedAt, else its creationTimestamp (None when neither
+    parses)."""
+    return parse_rfc3339((record.get("status") or {}).get("markedAt")) or parse_rfc3339(
+        metadata(record).get("creationTimestamp"))
 
 
 def is_expired(record: dict[str, Any], now: datetime) -> bool:

@@ -19,7 +19,6 @@ from . import records, siblings, slice_marks
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 INVALID_SCOPE = "InvalidScope"
 REPLACE_RETRY = 1.0  # seconds: a derived record deleted to be made again is made once it is gone
 
@@ -68,11 +67,11 @@ class SiblingRecords:
         await self._report_bad_scopes(cached)
         sync = siblings.plan_pool(driver, pool, cached, pool_slices)
         if sync.delete:  # freeing devices: decided again on what the API server holds now
-            live = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+            live = await self.kube.list_cluster_objects(records.API_VERSION, records.PLURAL)
             sync = siblings.plan_pool(driver, pool, self._pool_records((driver, pool), live), pool_slices)
         for name, uid in sync.delete:
             try:
-                await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, name, uid=uid)
+                await self.kube.delete_cluster_object(records.API_VERSION, records.PLURAL, name, uid=uid)
             except ApiError as exc:
                 if not exc.conflict:
                     raise
@@ -80,11 +79,11 @@ class SiblingRecords:
             log.info("pool %s/%s: derived record %s removed (no mark of a whole device covers it any more)",
                      driver, pool, name)
         for name, fields in sync.patch:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"spec": fields})
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name, {"spec": fields})
         again = False
         for body in sync.create:
             try:
-                await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+                await self.kube.create_cluster_object(records.API_VERSION, records.PLURAL, body)
             except ApiError as exc:
                 if exc.status != 409:
                     raise

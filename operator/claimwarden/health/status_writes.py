@@ -29,7 +29,6 @@ from .records import DeviceRef
 from .sibling_records import SiblingRecords
 from .wave import HOLD_RECHECK, Wave
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 FIRST_WRITE_SETTLE = 10.0  # seconds a record's first status may wait for its device to settle
 
 
@@ -106,7 +105,7 @@ class StatusWrites:
             if wait > 0 and (status.get("quarantineClaims") or []) == quarantine:  # paced: comes back and writes
                 self._look_again_after(name, wait)
                 return
-            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name,
+            result = await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name,
                                                                 {"status": desired}, subresource="status")
             self._written[name] = (resource_version(result), desired)
             if self.evictions.ahead is not None:  # the next write ahead is guarded by this version, not refused
