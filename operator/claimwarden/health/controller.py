@@ -260,15 +260,13 @@ class HealthController:
     # --- records ------------------------------------------------------------------------------
 
     async def reconcile_record(self, key: Hashable) -> None:
+        """One record: plan it, evict its pods as far as the breaker allows, then sync the device's quarantine
+        claim and taint rule, and write the record's status."""
         name = cast(str, key)
         await self.evictions.seed()  # the first time: the records' counts read live, before any decision
         record = self.cache.record(name)
         if record is None:
-            ref = self._record_devices.get(name) or self.quarantine.device_labelled(records.label_value(name))
-            self._forget_record(name)
-            await self.breakers.record_gone()
-            await self.devices.record_gone(name, ref)
-            self._record_devices.pop(name, None)  # only now: a retry after a failed release must still know the device
+            await self._record_gone(name)
             return
         moment = now()
         if records.is_expired(record, moment):
@@ -283,16 +281,8 @@ class HealthController:
             return
         seen_holders = self.holders.seen(record)
         marked_at = records.marked_at(record) or moment
-
         planned = time.monotonic()  # the device's quarantine sync ignores a plan older than the last it used
-        holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
-        # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
-        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
-                                       server_copies_tolerations=self.server_copies_tolerations(),
-                                       evicted=self.evictions.evicted_pods(),
-                                       podgroup_members=self.cache.pods_in_podgroup)
-        if records.record_drain(record).mode == records.DRAIN_NODE and records.record_effect(record) == "NoExecute":
-            record_plan = await self._drain_node(name, ref, record_plan, marked_at)
+        record_plan = await self._plan(record, ref, marked_at)
         holders = set(record_plan.holders)
         self.holders.link(name, holders, seen_holders)
         # The evictions go first; quarantine, rule and status follow (none of them protects anything while
@@ -300,17 +290,7 @@ class HealthController:
         verdict = await self.approvals.judge(record)
         approved = verdict.honoured
         decision = self.breakers.for_record(record, ref, record_plan, approved)
-        evicting = decision.allows() or approved is not None
-        if evicting:
-            for eviction in record_plan.evict:
-                self.evictions.schedule(name, eviction, moment)
-        else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
-            # Held back by an open breaker before they reached the eviction queue: counted as the queue counts
-            # its own (not when evictions in flight only fill the room for a moment: those go on at once).
-            if decision.open:
-                metrics.EVICTIONS_DEFERRED.labels("breaker").inc(len(record_plan.evict))
-            self.record_queue.add_after(name, _until_room(decision, moment))
-        evicting_now = evicting and any(eviction.due <= moment for eviction in record_plan.evict)
+        evicting_now = self._schedule_evictions(name, record_plan, decision, approved=approved, moment=moment)
         await self.breakers.note(decision, record)
         self._record_devices[name] = ref
         quarantine = await self.devices.sync(record, ref, record_plan, planned)
@@ -327,6 +307,42 @@ class HealthController:
         await self.statuses.write(record, marked_at, record_plan, quarantine, rule, paused=paused, verdict=verdict,
                                   held_back=held_back,
                                   settle=settling(record_plan, evicting_now=evicting_now, held_back=held_back))
+
+    async def _record_gone(self, name: str) -> None:
+        """The record is gone: forget it, let a breaker close, and release its device's quarantine (device_sync.py)."""
+        ref = self._record_devices.get(name) or self.quarantine.device_labelled(records.label_value(name))
+        self._forget_record(name)
+        await self.breakers.record_gone()
+        await self.devices.record_gone(name, ref)
+        self._record_devices.pop(name, None)  # only now: a retry after a failed release must still know the device
+
+    async def _plan(self, record: Body, ref: DeviceRef, marked_at: datetime.datetime) -> plan.RecordPlan:
+        """The record's plan (plan.py) on the cache as it is now; under drain Node, its node's drain."""
+        holding = self.cache.claims_holding((ref.driver, ref.pool, ref.device))
+        # Pods evicted moments ago count as gone at once: their count and podsPending then go out in one write.
+        record_plan = plan.plan_record(record, holding, self.cache.pods(), marked_at, self.namespace,
+                                       server_copies_tolerations=self.server_copies_tolerations(),
+                                       evicted=self.evictions.evicted_pods(),
+                                       podgroup_members=self.cache.pods_in_podgroup)
+        if records.record_drain(record).mode == records.DRAIN_NODE and records.record_effect(record) == "NoExecute":
+            record_plan = await self._drain_node(record["metadata"]["name"], ref, record_plan, marked_at)
+        return record_plan
+
+    def _schedule_evictions(self, name: str, record_plan: plan.RecordPlan, decision: breaker.Decision, *,
+                            approved: str | None, moment: datetime.datetime) -> bool:
+        """Queue the record's evictions while the breaker has room (or its approval counts), else look at the
+        record again when the window frees room; True when one of them is due now."""
+        evicting = decision.allows() or approved is not None
+        if evicting:
+            for eviction in record_plan.evict:
+                self.evictions.schedule(name, eviction, moment)
+        else:  # look again when the window frees room (or soon, when only evictions in flight fill it)
+            # Held back by an open breaker before they reached the eviction queue: counted as the queue counts
+            # its own (not when evictions in flight only fill the room for a moment: those go on at once).
+            if decision.open:
+                metrics.EVICTIONS_DEFERRED.labels("breaker").inc(len(record_plan.evict))
+            self.record_queue.add_after(name, _until_room(decision, moment))
+        return evicting and any(eviction.due <= moment for eviction in record_plan.evict)
 
     async def _drain_node(self, name: str, ref: DeviceRef, record_plan: plan.RecordPlan,
                           marked_at: datetime.datetime) -> plan.RecordPlan:
