@@ -215,7 +215,7 @@ class Evictions:
         # A pod counted by an earlier attempt in the window (a PodDisruptionBudget refused it) takes no new room.
         counted = self.ahead is not None and window.counted(self.recent(record), pod_ref, now(),
                                                             self.breaker_settings.window)
-        # From here to the call no `await` may come between taking room and using it (see the docstring),
+        # From here to the call no `await` may come between taking room and using it (breaker_room.py),
         # but the write of its entry ahead of the call, which keeps the room taken until the entry is counted.
         if not counted and not self.room.take(record, ref.driver):
             return
