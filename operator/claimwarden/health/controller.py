@@ -253,10 +253,6 @@ class HealthController:
         """The breaker's decision for the driver now, over all its NoExecute records (breaker_view.py)."""
         return self.breakers.decision(driver)
 
-    def approved(self, record: Body) -> str | None:
-        """Who approved the record's evictions past the breaker, when the approval counts (approval_judge.py)."""
-        return self.approvals.approved(record)
-
     # --- records ------------------------------------------------------------------------------
 
     async def reconcile_record(self, key: Hashable) -> None:
