@@ -7,7 +7,7 @@ manual record's claim still held it: the next pod got the marked device. The dev
 quarantine claim, released only when no record of it is left.
 
 The order matters, which is why a first lab run did not see it: a manual record made *before* the
-annotation takes the mark over (``records.plan_slice`` counts a record of the device under any name as
+annotation takes the mark over (``slice_marks.plan_slice`` counts a record of the device under any name as
 its record), so no second record is made and clearing the annotation changes nothing. Only the
 annotation first, then the manual record, gives two records.
 

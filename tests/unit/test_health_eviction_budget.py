@@ -11,8 +11,9 @@ import pytest
 
 from claimwarden.health import breaker
 from claimwarden.health.budget import FairBudget, TokenBucket
-from claimwarden.health.evictions import EvictionKey, Evictions
+from claimwarden.health.evictions import Evictions
 from claimwarden.health.plan import Eviction
+from claimwarden.health.refusals import EvictionKey
 from claimwarden.kube.errors import DISRUPTION_BUDGET_CAUSE, ApiError
 from claimwarden.runtime.workqueue import Requeue
 

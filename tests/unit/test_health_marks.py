@@ -1,4 +1,4 @@
-"""The slice queue's shell around records.plan_slice: what it writes for a re-created slice, and which slices
+"""The slice queue's shell around slice_marks.plan_slice: what it writes for a re-created slice, and which slices
 it looks at again when one is gone. A fake API records the calls; the cache is the real `Cache`."""
 
 from __future__ import annotations

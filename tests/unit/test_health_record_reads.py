@@ -169,7 +169,7 @@ class _SlowWrites(_Kube):
 
 def test_the_counts_flushed_at_shutdown_are_written_several_at_once_and_give_up_in_time() -> None:
     """A pod has 30 s to stop: 5,000 records' counts written one by one took longer (make bench, 5,000 pods)."""
-    from claimwarden.health import evictions as module
+    from claimwarden.health import eviction_counts as module
 
     async def run() -> tuple[_SlowWrites, float]:
         kube = _SlowWrites(0.05)
@@ -190,7 +190,7 @@ def test_the_counts_flushed_at_shutdown_are_written_several_at_once_and_give_up_
 
 def test_a_few_evictions_among_many_records_read_theirs_by_name_not_every_record() -> None:
     """At 5,000 records a LIST shared by a few evictions read 5,000 items for each few (make bench)."""
-    from claimwarden.health.evictions import RECORD_LIST_ITEMS_PER_GET
+    from claimwarden.health.eviction_reads import RECORD_LIST_ITEMS_PER_GET
 
     async def run() -> None:
         many = [f"r{i}" for i in range(3 * RECORD_LIST_ITEMS_PER_GET + 1)]

@@ -15,20 +15,22 @@ from claimwarden.health.records import (
     SOURCE_ANNOTATION,
     DeviceRef,
     Drain,
-    MarkError,
-    SliceMark,
-    SliceSync,
     expiry_error,
     is_expired,
     label_value,
     parse_drain,
-    parse_slice_marks,
-    plan_slice,
-    record_body,
     record_drain,
     record_effect,
     record_name,
     record_ref,
+)
+from claimwarden.health.slice_marks import (
+    MarkError,
+    SliceMark,
+    SliceSync,
+    parse_slice_marks,
+    plan_slice,
+    record_body,
 )
 
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

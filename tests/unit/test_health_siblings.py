@@ -263,7 +263,8 @@ def test_a_policy_rule_sets_the_scope_of_its_signal_records() -> None:
 
 
 def test_an_annotation_on_a_device_with_a_derived_record_gets_a_record_of_its_own() -> None:
-    from claimwarden.health.records import plan_slice, record_name
+    from claimwarden.health.records import record_name
+    from claimwarden.health.slice_marks import plan_slice
 
     origin = record("o", "gpu-0")
     derived_record = derived(origin, "gpu-0-partition-0")

@@ -1,10 +1,11 @@
 """When a record's first status waits for its device to change hands, and what its Quarantined condition
-says meanwhile (health/controller.py)."""
+says meanwhile (health/record_status.py)."""
 
 from __future__ import annotations
 
-from claimwarden.health.controller import _quarantined, _settling
 from claimwarden.health.plan import RecordPlan
+from claimwarden.health.record_status import quarantined as _quarantined
+from claimwarden.health.record_status import settling as _settling
 
 
 def _plan(**kwargs: object) -> RecordPlan:

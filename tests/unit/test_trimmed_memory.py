@@ -14,7 +14,7 @@ import pytest
 from claimwarden.cache import Cache
 from claimwarden.claims import plan as claims_plan
 from claimwarden.claims.controller import ClaimsController
-from claimwarden.health import approval, records
+from claimwarden.health import approval, records, slice_marks
 from claimwarden.health.plan import is_quarantine_claim
 from claimwarden.objects import trimmed
 from claimwarden.objects.claims import (
@@ -92,8 +92,8 @@ def test_a_slice_keeps_only_the_marks() -> None:
                      "devices": [{"name": "gpu-0"}]}}
     projected = trimmed.resource_slice(full)
     assert projected["metadata"]["annotations"] == marks
-    assert records.marked_annotations(projected) == records.marked_annotations(full)
-    assert records.parse_slice_marks(projected) == records.parse_slice_marks(full)
+    assert slice_marks.marked_annotations(projected) == slice_marks.marked_annotations(full)
+    assert slice_marks.parse_slice_marks(projected) == slice_marks.parse_slice_marks(full)
 
 
 def test_a_record_keeps_claimwarden_io_keys_only() -> None:

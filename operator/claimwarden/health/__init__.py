@@ -2,21 +2,33 @@
 
 Modules, by what they decide or do:
 
-- ``records``, ``tolerations``, ``plan``: pure decisions (marks, drain modes, eviction times, object bodies).
+- ``records``, ``tolerations``, ``plan``: pure decisions (a record's name and fields, the drain grammar,
+  drain modes, eviction times, object bodies); ``slice_marks``: pure: slice annotations -> the records
+  that match them; ``record_status``: pure: a record's status conditions.
 - ``breaker``, ``budget``: pure decisions on how much may be evicted: the blast-radius breaker per
   driver and the eviction budget, shared fairly over namespaces (docs/concepts/safety.md "What claimwarden will not do
   without asking"); ``breaker_view``: the breaker's per-driver totals, kept up to date as claims,
-  records and evictions change.
+  records and evictions change, and each driver's decisions (``Breakers``).
 - ``approval``: pure decision on which approvals count (an approver's, for the record's current
-  generation, while the admission policy is installed); ``admission`` reads that policy every 15 s.
+  generation, while the admission policy is installed); ``admission`` reads that policy every 15 s;
+  ``approval_judge``: each record's verdict as it counts now (confirmed, distrusted, removed, reported).
 - ``marks``: slice annotations -> UnhealthyDevice records.
 - ``domains``: pure: a device's fault domain, the devices that share its counter sets or its parent, and
   which devices are whole; ``siblings``: pure: the records derived for the siblings of a marked whole
   device (or of a mark with scope FaultDomain); ``sibling_records``: keeps them in step, one pool at a time.
-- ``controller``: one record at a time: quarantine, status, which pods to evict and when.
-- ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device.
+- ``controller``: one record at a time, composing the modules below it: plan, approval, breaker,
+  evictions, quarantine, status. ``holder_index``: which claims held each record's device (a claim that
+  lets go wakes its records); ``status_writes``: the record's status, written when it changed, paced.
+- ``quarantine``: the quarantine claims and DeviceTaintRules that keep new work off a device;
+  ``device_sync``: the device's one quarantine claim, synced by whichever of its records asks (rule 1 below).
 - ``evictions``: one pod at a time, through the Eviction API, after the drain mode, the breaker and
-  the budget allow it.
+  the budget allow it; each attempt's parts: ``eviction_reads`` (what it reads, shared in a burst),
+  ``breaker_room`` (the breaker's room in flight), ``refusals`` (PodDisruptionBudget refusals and their
+  back-off), ``eviction_counts`` (each record's counts and window, paced or written ahead: ``counts``,
+  ``window``, ``ahead``) and ``event_poster`` (Events beside the work).
+- ``groups``: pure: pods holding a device through their PodGroup's reservation; ``node_drain``: pure: a
+  drain Node record's evictions, in the drain order; ``taint_rules``: counts DeviceTaintRules that select
+  every device.
 - ``wave``: the bookkeeping (statuses, Events, releases on quarantined devices) that waits while a
   wave of evictions is under way, so that the evictions go first.
 

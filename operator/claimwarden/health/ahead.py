@@ -31,7 +31,6 @@ from .breaker import Recent
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 CONFLICT_RETRIES = 5  # writes of one batch refused with 409 before the batch's evictions are retried later
 
 
@@ -122,7 +121,7 @@ class AheadWrites:
             patch = {"metadata": {"resourceVersion": str(held.version)}, "status": status}
             self.writes += 1
             try:
-                result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, patch,
+                result = await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name, patch,
                                                                     subresource="status")
             except ApiError as exc:
                 if exc.not_found:
@@ -141,7 +140,7 @@ class AheadWrites:
                        "it was written")
 
     async def _read(self, name: str) -> _Held:
-        body = await self.kube.get_cluster_object(RECORDS_API, records.PLURAL, name)
+        body = await self.kube.get_cluster_object(records.API_VERSION, records.PLURAL, name)
         if body is None:
             self._held.pop(name, None)
             raise RecordGone(name)

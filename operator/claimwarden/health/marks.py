@@ -1,4 +1,4 @@
-"""Slice annotations -> UnhealthyDevice records (the decisions are in records.plan_slice).
+"""Slice annotations -> UnhealthyDevice records (the decisions are in slice_marks.plan_slice).
 
 A bad annotation changes nothing and is reported once, as a Warning Event on the slice.
 """
@@ -14,12 +14,11 @@ from ..cache import Body, Cache, resource_version
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..runtime.workqueue import WorkQueue
-from . import records
+from . import records, slice_marks
 
 CHANGED_RETRY = 0.5  # seconds before a slice whose record changed under its plan is planned again
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 MARK_ERROR = "InvalidUnhealthyMark"
 CREATE_AT_ONCE = 16
 
@@ -45,8 +44,8 @@ class Marks:
             return
         existing = self._records(self._records_of_devices(slice_))
         pool_slices = self.cache.resource_slices_of_pool(str(slice_["spec"].get("driver") or ""),
-                                                         records.slice_pool(slice_))
-        sync = records.plan_slice(slice_, existing, pool_slices)
+                                                         slice_marks.slice_pool(slice_))
+        sync = slice_marks.plan_slice(slice_, existing, pool_slices)
         for error in sync.errors:
             marker = (slice_["metadata"].get("uid", ""), error.key, error.message)
             if marker not in self._reported:
@@ -59,7 +58,7 @@ class Marks:
         async def create(body: Body) -> None:
             async with slots:
                 try:
-                    await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+                    await self.kube.create_cluster_object(records.API_VERSION, records.PLURAL, body)
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
@@ -70,15 +69,15 @@ class Marks:
         if failed:  # the queue retries the slice; records already created are 409s then
             raise failed[0]
         for record_name, reason in sync.update_reason:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name,
                                                        {"spec": {"reason": reason}})
         for record_name, drain in sync.update_drain:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name,
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name,
                                                        {"spec": {"drain": drain}})
             log.info("slice %s: record %s drains with %s", name, record_name, drain)
         for record_name, target in sync.relabel:
             label = records.label_value(target)
-            result = await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, record_name, {
+            result = await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, record_name, {
                 "metadata": {"labels": {records.SLICE_LABEL: label}}})
             self._labels_written[record_name] = (resource_version(result), label)
             log.info("slice %s: record %s now follows the mark on slice %s", name, record_name, target)
@@ -87,8 +86,8 @@ class Marks:
             # (follow_marks), and that slice's mark must keep it. Planned again on the fresh record if so.
             meta = existing[record_name]["metadata"]
             try:
-                await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, record_name, uid=meta.get("uid"),
-                                                      resource_version=meta.get("resourceVersion"))
+                await self.kube.delete_cluster_object(records.API_VERSION, records.PLURAL, record_name,
+                                                      uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
             except ApiError as exc:
                 if not exc.conflict:
                     raise
@@ -100,9 +99,9 @@ class Marks:
     def _records_of_devices(self, slice_: Body) -> list[Body]:
         """The records of the devices the slice lists, from the records' device index: all that `plan_slice`
         looks at (a scan of every record per slice event was quadratic when a rack was marked)."""
-        driver, pool = str(slice_["spec"].get("driver") or ""), records.slice_pool(slice_)
+        driver, pool = str(slice_["spec"].get("driver") or ""), slice_marks.slice_pool(slice_)
         found: dict[str, Body] = {}
-        for device in records.slice_devices(slice_):
+        for device in slice_marks.slice_devices(slice_):
             for record in self.cache.records_marking((driver, pool, device)):
                 found[record["metadata"]["name"]] = record
         return list(found.values())
@@ -126,10 +125,10 @@ class Marks:
 
     def _look_at_pools_of(self, gone: str, existing: Iterable[Body]) -> None:
         """A slice is gone: the other slices of its records' pools are looked at again, so that one still
-        carrying a mark takes its record over (records.follow_marks) before that mark is removed there."""
+        carrying a mark takes its record over (slice_marks.follow_marks) before that mark is removed there."""
         label = records.label_value(gone)
         pools = {(ref.driver, ref.pool) for record in existing
-                 if records.slice_label(record) == label and (ref := records.record_ref(record)) is not None}
+                 if slice_marks.slice_label(record) == label and (ref := records.record_ref(record)) is not None}
         for driver, pool in sorted(pools):
             for slice_ in self.cache.resource_slices_of_pool(driver, pool):
-                self.queue.add(records.slice_name(slice_))
+                self.queue.add(slice_marks.slice_name(slice_))

@@ -19,7 +19,6 @@ from .records import DeviceRef
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 EXPECTATION_SECONDS = 60.0  # how long a write of ours may take to come back through the watch
 RULE_TRUST_SECONDS = 300.0  # how long what this process knows of a record's DeviceTaintRule is trusted
@@ -158,7 +157,7 @@ class Quarantine:
         candidates = self.cache.claims_labelled_for_record(self.namespace)
         if not candidates:
             return
-        listing = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+        listing = await self.kube.list_cluster_objects(records.API_VERSION, records.PLURAL)
         live = {records.label_value(r["metadata"]["name"]) for r in listing}
         marked = {ref for r in listing if (ref := records.record_ref(r)) is not None}
         live |= {plan.device_label(ref) for ref in marked}
@@ -209,7 +208,7 @@ class Quarantine:
             return ""
         body: dict[str, Any] = plan.device_taint_rule_body(record, api)
         body["metadata"]["ownerReferences"] = [{
-            "apiVersion": RECORDS_API, "kind": records.KIND, "name": record_name,
+            "apiVersion": records.API_VERSION, "kind": records.KIND, "name": record_name,
             "uid": record["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
         try:
             await self.kube.create_cluster_object(api, "devicetaintrules", body)

@@ -15,11 +15,10 @@ from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
 from ..runtime.workqueue import Requeue, WorkQueue
-from . import records, siblings
+from . import records, siblings, slice_marks
 
 log = logging.getLogger("claimwarden.health")
 
-RECORDS_API = f"{records.GROUP}/{records.VERSION}"
 INVALID_SCOPE = "InvalidScope"
 REPLACE_RETRY = 1.0  # seconds: a derived record deleted to be made again is made once it is gone
 
@@ -44,7 +43,7 @@ class SiblingRecords:
 
     def enqueue_slice(self, slice_: Body) -> None:
         spec = slice_.get("spec") or {}
-        driver, pool = spec.get("driver"), records.slice_pool(slice_)
+        driver, pool = spec.get("driver"), slice_marks.slice_pool(slice_)
         if driver and pool:
             self.queue.add((str(driver), pool))
 
@@ -61,18 +60,18 @@ class SiblingRecords:
         # From the records' device index, over the devices the pool lists: a scan of every record per event was
         # quadratic in a burst of marks. Records of devices no slice lists are kept anyway (siblings.py rule 3),
         # and the garbage collector removes derived records whose origin is gone.
-        devices = {device for item in pool_slices for device in records.slice_devices(item)}
+        devices = {device for item in pool_slices for device in slice_marks.slice_devices(item)}
         cached = siblings.with_origins(
             [r for device in sorted(devices) for r in self.cache.records_marking((driver, pool, device))],
             self.cache.record)
         await self._report_bad_scopes(cached)
         sync = siblings.plan_pool(driver, pool, cached, pool_slices)
         if sync.delete:  # freeing devices: decided again on what the API server holds now
-            live = await self.kube.list_cluster_objects(RECORDS_API, records.PLURAL)
+            live = await self.kube.list_cluster_objects(records.API_VERSION, records.PLURAL)
             sync = siblings.plan_pool(driver, pool, self._pool_records((driver, pool), live), pool_slices)
         for name, uid in sync.delete:
             try:
-                await self.kube.delete_cluster_object(RECORDS_API, records.PLURAL, name, uid=uid)
+                await self.kube.delete_cluster_object(records.API_VERSION, records.PLURAL, name, uid=uid)
             except ApiError as exc:
                 if not exc.conflict:
                     raise
@@ -80,11 +79,11 @@ class SiblingRecords:
             log.info("pool %s/%s: derived record %s removed (no mark of a whole device covers it any more)",
                      driver, pool, name)
         for name, fields in sync.patch:
-            await self.kube.merge_patch_cluster_object(RECORDS_API, records.PLURAL, name, {"spec": fields})
+            await self.kube.merge_patch_cluster_object(records.API_VERSION, records.PLURAL, name, {"spec": fields})
         again = False
         for body in sync.create:
             try:
-                await self.kube.create_cluster_object(RECORDS_API, records.PLURAL, body)
+                await self.kube.create_cluster_object(records.API_VERSION, records.PLURAL, body)
             except ApiError as exc:
                 if exc.status != 409:
                     raise

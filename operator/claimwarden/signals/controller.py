@@ -23,7 +23,7 @@ from typing import Any, Protocol, cast
 
 from .. import metrics
 from ..cache import Body, Cache, resource_version
-from ..health import records
+from ..health import records, slice_marks
 from ..health.records import DeviceRef
 from ..kube.api import Kube
 from ..kube.errors import ApiError
@@ -137,7 +137,7 @@ class SignalsController:
         found |= set(self._pushed)
         for slice_ in self.cache.resource_slices():
             driver = str(slice_["spec"].get("driver") or "")
-            pool = records.slice_pool(slice_)
+            pool = slice_marks.slice_pool(slice_)
             for device in slice_["spec"].get("devices") or []:
                 if any(t.get("key") != records.TAINT_KEY for t in device.get("taints") or []):
                     found.add(DeviceRef(driver, pool, str(device.get("name") or "")))
