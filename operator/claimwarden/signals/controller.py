@@ -52,7 +52,6 @@ VERIFIED_AHEAD_MAX = timedelta(minutes=5)
 """A verified clear stamped further ahead of claimwarden's clock than this is reported (a Warning Event)."""
 
 
-
 class RepairGate(Protocol):
     """Whether a repair system still holds a record's recovery (docs/guides/handoff-to-repair.md)."""
 
@@ -66,6 +65,7 @@ class _Pending:
 
     observations: list[Observation]
     waiters: list[asyncio.Future[None]]
+
 
 class SignalsController:
     """The signals' queue, the events that feed it, and the reconcile that decides each device."""
@@ -93,6 +93,7 @@ class SignalsController:
         """The hand-off (handoff/controller.py): a verified clear waits while the record's repair is open."""
 
     def router(self) -> policy.Router:
+        """The router over the cached policies (``routing``): its errors are the policies' statuses'."""
         return self.routing.router()
 
     # --- events -> queue ------------------------------------------------------------------------
@@ -348,10 +349,7 @@ class SignalsController:
             return None
         at, problem = signal_records.verified_at(record)
         if problem:
-            marker = (str(record["metadata"].get("uid")), problem)
-            if marker not in self._reported:
-                self._reported.add(marker)
-                await self._event(record, "Warning", INVALID_VERIFIED, problem)
+            await self._invalid_verified_once(record, problem)
             return None
         if at is None:
             return None
@@ -359,10 +357,7 @@ class SignalsController:
             problem = (f"annotation {signal_records.VERIFIED_ANNOTATION}={format_rfc3339(at)} is more than "
                        f"{records.format_duration(VERIFIED_AHEAD_MAX)} ahead of claimwarden's clock; it applies "
                        "only once that clock reaches it (kubectl claimwarden clear --verified stamps it right)")
-            marker = (str(record["metadata"].get("uid")), problem)
-            if marker not in self._reported:
-                self._reported.add(marker)
-                await self._event(record, "Warning", INVALID_VERIFIED, problem)
+            await self._invalid_verified_once(record, problem)
         at = max([at, *(o.at for o in merged)])
         if history.boundary is not None and at <= history.boundary:
             return None
@@ -382,6 +377,12 @@ class SignalsController:
                                                  lifetime.REQUEUE_MAX))
             return None
         return at
+
+    async def _invalid_verified_once(self, record: Body, problem: str) -> None:
+        marker = (str(record["metadata"].get("uid")), problem)
+        if marker not in self._reported:
+            self._reported.add(marker)
+            await self._event(record, "Warning", INVALID_VERIFIED, problem)
 
     # The fleet view under the names the controller's tests read it by.
     def _set_fleet(self, ref: DeviceRef, faults: Sequence[Observation]) -> None:
