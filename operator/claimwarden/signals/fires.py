@@ -57,6 +57,8 @@ def burst_starts(times: Sequence[datetime], burst: timedelta) -> list[datetime]:
 
 
 def find_fire(rule: Rule, index: int, considered: Sequence[Observation]) -> Fire | None:
+    """The rule's fire among `considered` (after the floor): the earliest burst that completes
+    ``threshold.count`` bursts within one ``threshold.window``; None when it did not fire."""
     faults = [o for o in considered if o.state == UNHEALTHY and rule.matches(o)]
     if not faults:
         return None
