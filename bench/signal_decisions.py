@@ -20,7 +20,8 @@ from datetime import UTC, datetime, timedelta
 
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals import observations as obs
-from claimwarden.signals.decide import Fleet, History, decide
+from claimwarden.signals.decide import History, decide
+from claimwarden.signals.fires import Fleet
 from claimwarden.signals.observations import Observation
 from claimwarden.signals.policy import Policy, Recovery, Rule, Threshold, WorkloadFault
 

@@ -20,6 +20,7 @@ from claimwarden import timestamps
 from claimwarden.health.records import DeviceRef
 from claimwarden.runtime.workqueue import Retry
 from claimwarden.signals import controller as signals_controller
+from claimwarden.signals import lifetime as signals_lifetime
 from claimwarden.signals import records as signal_records
 
 DRIVER, POOL, DEVICE, KEY = "gpu.example.com", "node-1", "gpu-0", "gpu.example.com/xid"
@@ -189,7 +190,7 @@ def test_time_alone_looks_again_only_at_what_may_be_deleted() -> None:
     from claimwarden.signals import decide, observations
     merged = signal_records.record_observations(record)
     held = decide.decide(None, merged, history, lambda *a: 1, timestamps.now())
-    assert signals_controller._next_look(merged, held, None, timestamps.now(), deletable=True) is None
+    assert signals_lifetime.next_look(merged, held, None, timestamps.now(), deletable=True) is None
     assert held.effect == "NoExecute"  # and the mark holds without its policy
     assert observations.SOURCE_TAINT in {o.source for o in merged}
 

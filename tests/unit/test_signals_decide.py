@@ -12,18 +12,15 @@ from claimwarden.signals import observations as obs
 from claimwarden.signals.decide import (
     CLEARS_MAX,
     Decision,
-    DeviceState,
     History,
-    TraceEvent,
-    Verified,
     decide,
     decision_to_json,
     history_from_json,
     history_to_json,
-    replay,
 )
 from claimwarden.signals.observations import Observation
 from claimwarden.signals.policy import Policy, Recovery, Router, Rule, Threshold, WorkloadFault
+from claimwarden.signals.replay import DeviceState, TraceEvent, Verified, replay
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 XID = "gpu.nvidia.com/xid"

@@ -8,8 +8,9 @@ from claimwarden.health.records import DeviceRef, record_name
 from claimwarden.objects import trimmed
 from claimwarden.signals import decide, policy
 from claimwarden.signals import records as signal_records
-from claimwarden.signals.controller import _kept, _patch
+from claimwarden.signals.keeping import is_kept as _kept
 from claimwarden.signals.observations import Observation
+from claimwarden.signals.record_writes import status_patch as _patch
 
 REF = DeviceRef("gpu.example.com", "node-1", "gpu-0")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -3,20 +3,18 @@
 Follows upstream's resourceclaim controller (pod sync), with two differences: every pod claim is
 handled even when an earlier one has a problem, and a missing claim does not stop the reservation
 of the pod's other claims. A pod claim that binds to the pod's PodGroup uses the group's claim
-(podgroups.py): it is never generated per pod, only recorded once the group has it.
+(podgroups.py): it is never generated per pod, only recorded once the group has it. The generated claims'
+actions, body and status entries have one shape for pods and PodGroups (generation.py).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from claimwarden.objects.claims import (
-    POD_CLAIM_NAME_ANNOTATION,
     RESERVED_FOR_MAX,
-    generate_name,
     is_allocated,
     is_controlled_by_pod,
     is_reserved_for,
@@ -26,6 +24,16 @@ from claimwarden.objects.claims import (
 from claimwarden.objects.meta import is_being_deleted, metadata, spec
 from claimwarden.objects.pods import ResolvedClaim, claim_statuses, is_pod_done, pod_uid, resolve_claim_names
 
+from .generation import (
+    ClaimPlan,
+    ClaimProblem,
+    CreateClaim,
+    RecordClaim,
+    age_order,
+    generated_claim,
+    missing_template_message,
+    status_entries,
+)
 from .podgroups import (
     GroupView,
     group_claim_for,
@@ -38,30 +46,6 @@ from .podgroups import (
 
 
 @dataclass(frozen=True)
-class CreateClaim:
-    """Create a claim for `pod_claim_name` from the template `template_name`."""
-
-    pod_claim_name: str
-    template_name: str
-
-
-@dataclass(frozen=True)
-class RecordClaim:
-    """Write `claim_name` (an existing claim, adopted) into the pod's status for `pod_claim_name`."""
-
-    pod_claim_name: str
-    claim_name: str
-
-
-@dataclass(frozen=True)
-class ClaimProblem:
-    """A pod claim that cannot be handled; `message` follows upstream's `PodResourceClaim <name>: ` prefix."""
-
-    pod_claim_name: str
-    message: str
-
-
-@dataclass(frozen=True)
 class ReserveClaim:
     """Add the (scheduled) pod to the claim's status.reservedFor, or its PodGroup when `consumer` says so."""
 
@@ -71,18 +55,15 @@ class ReserveClaim:
 
 
 @dataclass(frozen=True)
-class PodPlan:
-    """Everything the claims controller should do for one pod."""
+class PodPlan(ClaimPlan):
+    """Everything the claims controller should do for one pod: its generated claims, then its reservations."""
 
-    create: tuple[CreateClaim, ...] = ()
-    record: tuple[RecordClaim, ...] = ()
-    problems: tuple[ClaimProblem, ...] = ()
     reserve: tuple[ReserveClaim, ...] = ()
 
     @property
     def idle(self) -> bool:
         """True when there is nothing to do."""
-        return not (self.create or self.record or self.problems or self.reserve)
+        return super().idle and not self.reserve
 
 
 Generation = CreateClaim | RecordClaim | ClaimProblem
@@ -147,27 +128,9 @@ def pod_needs_work(
 # --- the claim body -----------------------------------------------------------------------------
 
 def build_claim(pod: dict[str, Any], pod_claim_name: str, template: dict[str, Any]) -> dict[str, Any]:
-    """The ResourceClaim to create for `pod_claim_name` of `pod` from `template`.
-
-    Template labels and annotations are copied, plus the pod-claim-name annotation; the spec is
-    copied verbatim; the pod is the only owner (controller, blockOwnerDeletion, as
-    kube-controller-manager v1.34 sets them). Nothing else.
-    """
-    pod_meta = metadata(pod)
-    template_meta = spec(template).get("metadata") or {}
-    claim_meta: dict[str, Any] = {"generateName": generate_name(str(pod_meta.get("name") or ""), pod_claim_name)}
-    if pod_meta.get("namespace"):
-        claim_meta["namespace"] = pod_meta["namespace"]
-    claim_meta["ownerReferences"] = [_pod_owner_reference(pod)]
-    claim_meta["annotations"] = {**(template_meta.get("annotations") or {}), POD_CLAIM_NAME_ANNOTATION: pod_claim_name}
-    if template_meta.get("labels"):
-        claim_meta["labels"] = dict(template_meta["labels"])
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": claim_meta,
-        "spec": copy.deepcopy(spec(template).get("spec") or {}),
-    }
+    """The ResourceClaim to create for `pod_claim_name` of `pod` from `template` (``generation.generated_claim``):
+    the pod is the only owner (controller, blockOwnerDeletion, as kube-controller-manager v1.34 sets them)."""
+    return generated_claim(pod, pod_claim_name, template, _pod_owner_reference(pod))
 
 
 def _pod_owner_reference(pod: dict[str, Any]) -> dict[str, Any]:
@@ -179,12 +142,6 @@ def _pod_owner_reference(pod: dict[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
-
-
-def missing_template_message(template_name: str) -> str:
-    """Upstream's error text for a template that the pod's namespace does not hold."""
-    not_found = f'resourceclaimtemplate.resource.k8s.io "{template_name}" not found'
-    return f'resource claim template "{template_name}": {not_found}'
 
 
 # --- the plan -----------------------------------------------------------------------------------
@@ -218,10 +175,7 @@ def plan_pod(
                 _collect(generations, adopted, claim, generation, adoptee)
                 continue
         generation, adoptee = _plan_generation(entry, claim, uid, claims, owned_claims, templates)
-        if generation is not None:
-            generations.append(generation)
-        if adoptee is not None:
-            adopted[claim.pod_claim_name] = adoptee
+        _collect(generations, adopted, claim, generation, adoptee)
     reserve = _plan_reservations(pod, resolved, claims, adopted, group) if spec(pod).get("nodeName") else ()
     return PodPlan(
         create=tuple(g for g in generations if isinstance(g, CreateClaim)),
@@ -327,13 +281,7 @@ def _claim_to_adopt(pod_claim_name: str, uid: str, owned_claims: Sequence[dict[s
         and pod_claim_name_of(claim) == pod_claim_name
         and not is_being_deleted(claim)
     ]
-    return min(candidates, key=_age_order, default=None)
-
-
-def _age_order(claim: dict[str, Any]) -> tuple[bool, str, str]:
-    """Oldest first (RFC 3339 timestamps sort as text), claims without a timestamp last, then by name."""
-    created = metadata(claim).get("creationTimestamp")
-    return (not created, str(created or ""), str(metadata(claim).get("name") or ""))
+    return min(candidates, key=age_order, default=None)
 
 
 def _plan_reservations(
@@ -345,7 +293,6 @@ def _plan_reservations(
 ) -> tuple[ReserveClaim, ...]:
     """Claims of a scheduled pod that are allocated but not yet reserved for it (or for its PodGroup,
     for a claim the pod shares through the group: upstream's BindTo)."""
-    uid = pod_uid(pod)
     entries = {str(e.get("name") or ""): e for e in spec(pod).get("resourceClaims") or []}
     reserve: dict[str, ReserveClaim] = {}
     for entry in resolved:
@@ -355,10 +302,11 @@ def _plan_reservations(
         bound = group is not None and group.podgroup is not None \
             and group_entry_for(group.podgroup, entries.get(entry.pod_claim_name) or {}) is not None
         if bound and group is not None and group.podgroup is not None:
-            if not _can_reserve_for_group(claim, entry, pod):
+            if not _can_reserve(claim, entry, pod, for_group=True):
                 continue
             consumer: dict[str, str] | None = podgroup_reservation(group.podgroup)
-        elif not _can_reserve(claim, entry, uid) or (group is not None and is_reserved_for_group_of(claim, pod)):
+        elif not _can_reserve(claim, entry, pod, for_group=False) \
+                or (group is not None and is_reserved_for_group_of(claim, pod)):
             continue
         else:
             consumer = None
@@ -367,30 +315,23 @@ def _plan_reservations(
     return tuple(reserve.values())
 
 
-def _can_reserve_for_group(claim: dict[str, Any], entry: ResolvedClaim, pod: dict[str, Any]) -> bool:
-    if entry.from_template and not is_for_group_of(claim, pod):
-        return False
-    return (
-        is_allocated(claim)
-        and not is_reserved_for(claim, pod_uid(pod))
-        and not is_reserved_for_group_of(claim, pod)
-        and not is_being_deleted(claim)
-        and len(reserved_for(claim)) < RESERVED_FOR_MAX
-    )
-
-
 def _known_claim(entry: ResolvedClaim, claims: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
     if not entry.needed or entry.claim_name is None:
         return None
     return claims.get(entry.claim_name)
 
 
-def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, uid: str) -> bool:
-    if entry.from_template and not is_controlled_by_pod(claim, uid):
+def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, pod: dict[str, Any], *, for_group: bool) -> bool:
+    """May the claim be reserved for the pod (`for_group`: for its PodGroup)? A generated claim must be the
+    pod's own (the PodGroup's); the claim must be allocated, not reserved for the pod yet (nor for its group,
+    `for_group`), not being deleted, and have room left in reservedFor."""
+    uid = pod_uid(pod)
+    if entry.from_template and not (is_for_group_of(claim, pod) if for_group else is_controlled_by_pod(claim, uid)):
         return False
     return (
         is_allocated(claim)
         and not is_reserved_for(claim, uid)
+        and not (for_group and is_reserved_for_group_of(claim, pod))
         and not is_being_deleted(claim)
         and len(reserved_for(claim)) < RESERVED_FOR_MAX
     )
@@ -400,24 +341,8 @@ def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, uid: str) -> bool:
 
 def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
                          applied: Mapping[str, str]) -> list[dict[str, str]]:
-    """Every `status.resourceClaimStatuses` entry claimwarden keeps for the pod, in spec order.
-
-    Server-side apply removes the entries an apply leaves out that the same field manager set
-    before, so each apply must carry all of them, not only this sync's. For each template pod claim
-    the claim is the one `recorded` now, else the one claimwarden `applied` before (the cache may not
-    show it yet), else the one the pod's status already names (perhaps another controller's).
-    """
-    in_status = {name: str(entry.get("resourceClaimName")) for name, entry in claim_statuses(pod).items()
-                 if entry.get("resourceClaimName")}
-    entries = []
-    for entry in spec(pod).get("resourceClaims") or []:
-        name = str(entry.get("name") or "")
-        if not entry.get("resourceClaimTemplateName"):
-            continue
-        claim = recorded.get(name) or applied.get(name) or in_status.get(name)
-        if claim:
-            entries.append({"name": name, "resourceClaimName": claim})
-    return entries
+    """Every `status.resourceClaimStatuses` entry claimwarden keeps for the pod (``generation.status_entries``)."""
+    return status_entries(pod, recorded, applied)
 
 
 def recreates(pod: dict[str, Any], pod_plan: PodPlan) -> bool:

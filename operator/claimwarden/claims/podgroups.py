@@ -26,13 +26,15 @@ names the group (both 1.36.3 and 1.37.2, with GenericWorkload on).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from claimwarden.objects.claims import POD_CLAIM_NAME_ANNOTATION, generate_name, pod_claim_name_of, reserved_for
+from claimwarden.objects.claims import pod_claim_name_of, reserved_for
 from claimwarden.objects.meta import is_being_deleted, metadata, spec, status
+
+from . import generation
+from .generation import ClaimPlan, ClaimProblem, CreateClaim, RecordClaim, missing_template_message
 
 GROUP = "scheduling.k8s.io"
 PLURAL = "podgroups"
@@ -112,69 +114,30 @@ def group_claim_for(owned_claims: Sequence[dict[str, Any]], uid: str, claim_entr
     """The oldest live claim the PodGroup `uid` controls that was made for its entry `claim_entry_name`."""
     candidates = [c for c in owned_claims if is_controlled_by_podgroup(c, uid)
                   and pod_claim_name_of(c) == claim_entry_name and not is_being_deleted(c)]
-    return min(candidates, key=_age_order, default=None)
-
-
-def _age_order(claim: dict[str, Any]) -> tuple[bool, str, str]:
-    created = metadata(claim).get("creationTimestamp")
-    return (not created, str(created or ""), str(metadata(claim).get("name") or ""))
+    return min(candidates, key=generation.age_order, default=None)
 
 
 def build_podgroup_claim(podgroup: dict[str, Any], claim_entry_name: str, template: dict[str, Any],
                          api_version: str) -> dict[str, Any]:
-    """The ResourceClaim to create for the PodGroup's entry `claim_entry_name` from `template`.
+    """The ResourceClaim to create for the PodGroup's entry `claim_entry_name` from `template`
+    (``generation.generated_claim``): the PodGroup is the only, controlling owner, without blockOwnerDeletion.
 
     `api_version` is the PodGroup's (``scheduling.k8s.io/<served version>``); upstream writes the
     version it watches, v1alpha2 on 1.36 and v1beta1 on 1.37.
     """
     meta = metadata(podgroup)
-    template_meta = spec(template).get("metadata") or {}
-    claim_meta: dict[str, Any] = {
-        "generateName": generate_name(str(meta.get("name") or ""), claim_entry_name),
-        "namespace": meta.get("namespace"),
-        "ownerReferences": [{"apiVersion": api_version, "kind": KIND, "name": meta.get("name"),
-                             "uid": meta.get("uid"), "controller": True}],
-        "annotations": {**(template_meta.get("annotations") or {}), POD_CLAIM_NAME_ANNOTATION: claim_entry_name},
-    }
-    if template_meta.get("labels"):
-        claim_meta["labels"] = dict(template_meta["labels"])
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": claim_meta,
-            "spec": copy.deepcopy(spec(template).get("spec") or {})}
+    owner = {"apiVersion": api_version, "kind": KIND, "name": meta.get("name"), "uid": meta.get("uid"),
+             "controller": True}
+    return generation.generated_claim(podgroup, claim_entry_name, template, owner)
 
 
 # --- the PodGroup's own plan ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class CreateGroupClaim:
-    entry_name: str
-    template_name: str
-
-
-@dataclass(frozen=True)
-class RecordGroupClaim:
-    """Write `claim_name` (an existing claim the PodGroup controls) into its status for `entry_name`."""
-
-    entry_name: str
-    claim_name: str
-
-
-@dataclass(frozen=True)
-class GroupClaimProblem:
-    """An entry that cannot be handled; `message` follows upstream's ``PodGroupResourceClaim <name>: ``."""
-
-    entry_name: str
-    message: str
-
-
-@dataclass(frozen=True)
-class PodGroupPlan:
-    create: tuple[CreateGroupClaim, ...] = ()
-    record: tuple[RecordGroupClaim, ...] = ()
-    problems: tuple[GroupClaimProblem, ...] = ()
-
-    @property
-    def idle(self) -> bool:
-        return not (self.create or self.record or self.problems)
+# The PodGroup's plan has the pod plan's shape (generation.py); these are its names in the PodGroup's code.
+CreateGroupClaim = CreateClaim
+RecordGroupClaim = RecordClaim
+GroupClaimProblem = ClaimProblem
+PodGroupPlan = ClaimPlan
 
 
 def group_claim_statuses(podgroup: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -182,13 +145,8 @@ def group_claim_statuses(podgroup: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in status(podgroup).get("resourceClaimStatuses") or [] if e.get("name")}
 
 
-def missing_template_message(template_name: str) -> str:
-    return (f'resource claim template "{template_name}": '
-            f'resourceclaimtemplate.resource.k8s.io "{template_name}" not found')
-
-
 def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]],
-                  owned_claims: Sequence[dict[str, Any]], templates: Mapping[str, dict[str, Any]]) -> PodGroupPlan:
+                  owned_claims: Sequence[dict[str, Any]], templates: Mapping[str, dict[str, Any]]) -> ClaimPlan:
     """Which of the PodGroup's template entries need a claim created, or an existing one recorded.
 
     `claims`: claim name -> claim in the group's namespace (at least those its status names);
@@ -196,12 +154,12 @@ def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]]
     A PodGroup being deleted gets nothing new (upstream's syncPodGroup).
     """
     if is_being_deleted(podgroup):
-        return PodGroupPlan()
+        return ClaimPlan()
     uid = str(metadata(podgroup).get("uid") or "")
     recorded = group_claim_statuses(podgroup)
-    create: list[CreateGroupClaim] = []
-    record: list[RecordGroupClaim] = []
-    problems: list[GroupClaimProblem] = []
+    create: list[CreateClaim] = []
+    record: list[RecordClaim] = []
+    problems: list[ClaimProblem] = []
     for entry in spec(podgroup).get("resourceClaims") or []:
         name = str(entry.get("name") or "")
         template_name = entry.get("resourceClaimTemplateName")
@@ -216,32 +174,19 @@ def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]]
                 continue
         adoptee = group_claim_for(owned_claims, uid, name)
         if adoptee is not None:
-            record.append(RecordGroupClaim(name, str(metadata(adoptee).get("name"))))
+            record.append(RecordClaim(name, str(metadata(adoptee).get("name"))))
         elif template_name not in templates:
-            problems.append(GroupClaimProblem(name, missing_template_message(str(template_name))))
+            problems.append(ClaimProblem(name, missing_template_message(str(template_name))))
         else:
-            create.append(CreateGroupClaim(name, str(template_name)))
-    return PodGroupPlan(tuple(create), tuple(record), tuple(problems))
+            create.append(CreateClaim(name, str(template_name)))
+    return ClaimPlan(tuple(create), tuple(record), tuple(problems))
 
 
 def group_status_entries(podgroup: dict[str, Any], recorded: Mapping[str, str],
                          applied: Mapping[str, str]) -> list[dict[str, str]]:
-    """Every ``status.resourceClaimStatuses`` entry claimwarden keeps for the PodGroup, in spec order.
-
-    As for pods, each server-side apply carries all the entries of this field manager: the one
-    recorded now, else the one applied before, else the one the status already names.
-    """
-    in_status = {n: str(e.get("resourceClaimName")) for n, e in group_claim_statuses(podgroup).items()
-                 if e.get("resourceClaimName")}
-    entries = []
-    for entry in spec(podgroup).get("resourceClaims") or []:
-        name = str(entry.get("name") or "")
-        if not entry.get("resourceClaimTemplateName"):
-            continue
-        claim = recorded.get(name) or applied.get(name) or in_status.get(name)
-        if claim:
-            entries.append({"name": name, "resourceClaimName": claim})
-    return entries
+    """Every ``status.resourceClaimStatuses`` entry claimwarden keeps for the PodGroup, as for pods
+    (``generation.status_entries``)."""
+    return generation.status_entries(podgroup, recorded, applied)
 
 
 # --- what a member pod needs from its group -----------------------------------------------------------

@@ -11,14 +11,22 @@ Modules, by what they decide or do:
 - ``policy``: HealthPolicy parsing, durations, and the router that picks a device's policy (pure;
   CEL through ``plugin.cel``).
 - ``decide``: a device's observations and history -> its effect, shadow or enforced, recovery and
-  escalation (pure, deterministic: replaying a trace gives the same decisions).
+  escalation, and the JSON of the decision and history (pure, deterministic); ``fires``: when one rule
+  fires and when its mark recovers, per source, and the words of a decision; ``replay``: a trace decided
+  with no cluster (replaying it gives the same decisions, across restarts too).
 - ``taints``, ``podhealth``, ``nodes``: the level-based sources read from the caches (driver taints of
   complete pools, KEP-4680 ``allocatedResourcesStatus``, node conditions) as observations (pure).
 - ``alerts``, ``webhook``: the pushed source, Alertmanager's webhook (authenticated; ``resolved`` is
   never recovery: a crashed exporter resolves its alerts too).
 - ``records``: the signal record's name, body and status shape; ``keys``: observation keys bounded to what the
   record's schema holds, stable across restarts.
-- ``controller``: one device at a time: collect, route, merge, decide, write.
+- ``controller``: one device at a time: the events that queue it, collect, route, merge, decide, write;
+  and what a decision tells people (metrics, Events, a person's verified clear). Beside it, each with
+  what it keeps in memory: ``sources`` (the level-based sources read from the caches for a device),
+  ``routing`` (the router over the cached policies, rebuilt on a spec change), ``keeping`` (which
+  observations a record keeps, pure), ``fleet`` (which devices saw which fault: workload faults),
+  ``record_writes`` (create, patch on change, delete, through the lag of the watch), ``lifetime``
+  (when a record may be deleted, when time alone changes a decision; pure).
 - ``policy_status``: each HealthPolicy's status (rule counts, Accepted and why not), written on change.
 
 What ``Unknown`` means: the kubelet lost the signal (KEP-4680). It is counted

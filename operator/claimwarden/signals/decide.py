@@ -51,23 +51,33 @@ rule's ``values``: the healthy hold restarts on Unknown and on Unhealthy, and en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
-from claimwarden.health.records import DeviceRef, format_duration
-from claimwarden.signals.observations import HEALTHY, SOURCE_POD, SOURCE_TAINT, UNHEALTHY, Observation, format_at, merge
-from claimwarden.signals.policy import EFFECT_NONE, MODE_ENFORCE, STRENGTH, Policy, Router, Rule
+from claimwarden.health.records import format_duration
+from claimwarden.signals.fires import (
+    Fire,
+    Fleet,
+    at_words,
+    bounded_why,
+    describe,
+    find_fire,
+    recovered_words,
+    shadow_note,
+    stronger,
+    strongest,
+    with_recovery,
+    with_workload,
+    workload_words,
+)
+from claimwarden.signals.observations import Observation, format_at
+from claimwarden.signals.policy import EFFECT_NONE, MODE_ENFORCE, STRENGTH, Policy, Rule
 from claimwarden.timestamps import parse_rfc3339
 
 CLEARS_MAX = 16
 """Automatic recoveries kept in the history (the newest)."""
-WHY_MAX = 1024
-
-Fleet = Callable[[str, str, str, datetime], int]
-"""(source, signal, value, since) -> how many different devices have an Unhealthy observation of that
-source, signal and value at or after `since` (the device being decided included)."""
 
 
 @dataclass(frozen=True)
@@ -155,121 +165,6 @@ def decision_to_json(decision: Decision, at: datetime | None = None) -> dict[str
         body["rule"] = decision.rule
     return body
 
-
-# --- one rule ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Fire:
-    """A rule that fired since the floor (or holds the mark from the history alone)."""
-
-    rule: Rule
-    index: int                  # the rule's place in the policy
-    at: datetime | None         # the first observation of the burst that reached the count; None: history only
-    bursts: int                 # bursts counted in the firing window
-    value: str                  # the value of the observation that fired it
-    last_fault: datetime | None  # the newest matching Unhealthy observation
-    recovered_at: datetime | None = None
-    recheck_at: datetime | None = None
-    workload_devices: int = 0   # > 0: a workload fault, seen on that many devices
-
-    @property
-    def marks(self) -> bool:
-        return self.rule.effect != EFFECT_NONE and not self.workload_devices
-
-
-def _bursts(times: Sequence[datetime], burst: timedelta) -> list[datetime]:
-    """The first moment of every burst: an observation less than `burst` after its burst's first joins it."""
-    starts: list[datetime] = []
-    for at in times:
-        if not starts or at - starts[-1] >= burst:
-            starts.append(at)
-    return starts
-
-
-def _fire(rule: Rule, index: int, considered: Sequence[Observation]) -> _Fire | None:
-    faults = [o for o in considered if o.state == UNHEALTHY and rule.matches(o)]
-    if not faults:
-        return None
-    starts = _bursts([o.at for o in faults], rule.threshold.burst)
-    count = rule.threshold.count
-    for last in range(count - 1, len(starts)):
-        if starts[last] - starts[last - count + 1] < rule.threshold.window:
-            at = starts[last]
-            value = next(o.value for o in faults if o.at == at)
-            return _Fire(rule, index, at, count, value, faults[-1].at)
-    return None
-
-
-def _recovery(fire: _Fire, considered: Sequence[Observation], marked_since: datetime | None,
-              hold: timedelta, now: datetime) -> _Fire:
-    """The fire with when it recovered (or when to look again); unchanged when it has not."""
-    rule = fire.rule
-    after = fire.last_fault or fire.at or marked_since
-    later = [o for o in considered if o.source == rule.source and o.signal == rule.signal
-             and (after is None or o.at > after)]
-    if rule.source == SOURCE_TAINT:
-        # The taint key is gone (whatever its value was): the driver says the device is well again.
-        removed = next((o.at for o in later if o.state == HEALTHY), None)
-        return replace(fire, recovered_at=removed) if removed is not None and removed <= now else fire
-    if rule.source == SOURCE_POD:
-        healthy_since: datetime | None = None
-        for o in later:
-            # Unknown (the signal was lost) or Unhealthy again: the hold starts over
-            healthy_since = (healthy_since or o.at) if o.state == HEALTHY else None
-        if healthy_since is None:
-            return fire
-        ends = healthy_since + hold
-        return replace(fire, recovered_at=ends) if ends <= now else replace(fire, recheck_at=ends)
-    # Alertmanager and NodeCondition: an alert resolving or a condition going away proves nothing.
-    return fire
-
-
-def _workload(fire: _Fire, fleet: Fleet) -> _Fire:
-    fault = fire.rule.workload_fault
-    if fault is None or fire.at is None:
-        return fire
-    devices = fleet(fire.rule.source, fire.rule.signal, fire.value, fire.at - fault.window)
-    return replace(fire, workload_devices=devices) if devices >= fault.devices else fire
-
-
-def _strongest(fires: Iterable[_Fire]) -> _Fire | None:
-    """The deciding fire: Enforce first (a Shadow rule never weakens what an enforced one does), then the
-    strongest effect, then the rule's order."""
-    return min(fires, key=lambda f: (f.rule.mode != MODE_ENFORCE, -STRENGTH[f.rule.effect], f.index), default=None)
-
-
-def _shadow_note(fires: Iterable[_Fire], best: _Fire) -> str:
-    """The strongest Shadow rule that asks for more than the deciding rule does, in words ("" for none)."""
-    stronger = _strongest(f for f in fires if f.rule.mode != MODE_ENFORCE
-                          and STRENGTH[f.rule.effect] > STRENGTH[best.rule.effect])
-    return f"; Shadow rule {stronger.rule.name} would {stronger.rule.effect}" if stronger is not None else ""
-
-
-def _stronger(a: str, b: str) -> str:
-    return a if STRENGTH[a] >= STRENGTH[b] else b
-
-
-# --- words ---------------------------------------------------------------------------------------
-
-def _at(moment: datetime | None) -> str:
-    return format_at(moment) if moment is not None else "-"
-
-
-def _describe(fire: _Fire) -> str:
-    rule = fire.rule
-    what = f"{rule.source} {rule.signal}" + (f"={fire.value}" if fire.value else "")
-    if fire.at is None:
-        return f"rule {rule.name} holds the mark it made earlier ({what})"
-    threshold = rule.threshold
-    counted = (f"{fire.bursts} bursts within {format_duration(threshold.window)}" if threshold.count > 1
-               else "1 observation")
-    return f"rule {rule.name}: {what} at {_at(fire.at)}, {counted}"
-
-
-def _why(text: str) -> str:
-    return text if len(text) <= WHY_MAX else text[:WHY_MAX - 1] + "…"
-
-
 # --- the decision ---------------------------------------------------------------------------------
 
 def decide(policy: Policy | None, observations: Sequence[Observation], history: History,
@@ -281,7 +176,7 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
     if (verified_at is not None and verified_at <= now
             and (history.boundary is None or verified_at > history.boundary)):
         recovered = history.marked_since is not None
-        verified_note = f"verified healthy at {_at(verified_at)}; "
+        verified_note = f"verified healthy at {at_words(verified_at)}; "
         history = replace(history, boundary=verified_at, escalated=False, marked_since=None, rule=None,
                           held_effect=None)
     if history.marked_since is not None and (policy is None or policy.rule(history.rule) is None):
@@ -291,7 +186,7 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         history = replace(history, marked_since=None, rule=None, held_effect=None)
     if policy is None:
         return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=None, rule=None, mode="",
-                        why=_why(verified_note + "no HealthPolicy applies to this device: its observations are "
+                        why=bounded_why(verified_note + "no HealthPolicy applies to this device: its observations are "
                                  "kept, nothing is marked"),
                         escalated=False, recovered=recovered, workload_fault=False, drain=None, history=history)
 
@@ -303,37 +198,38 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
     def seen(rule: Rule) -> list[Observation]:
         return considered if rule.mode == MODE_ENFORCE else shadow_considered
 
-    fires = [f for f in (_fire(rule, i, seen(rule)) for i, rule in enumerate(policy.rules)) if f is not None]
+    fires = [f for f in (find_fire(rule, i, seen(rule)) for i, rule in enumerate(policy.rules)) if f is not None]
     held = policy.rule(history.rule) if history.marked_since is not None else None
     if held is not None and all(f.rule.name != held.name for f in fires):
         # Its observations fell off the record (only the newest are kept): the history still knows.
-        fires.append(_Fire(held, policy.rules.index(held), None, 0, "", None))
-    fires = [_recovery(_workload(f, fleet), seen(f.rule), history.marked_since, policy.recovery.healthy_hold, now)
+        fires.append(Fire(held, policy.rules.index(held), None, 0, "", None))
+    fires = [with_recovery(with_workload(f, fleet), seen(f.rule), history.marked_since, policy.recovery.healthy_hold,
+                           now)
              for f in fires]
     recheck = min((f.recheck_at for f in fires if f.recheck_at is not None), default=None)
 
-    def decision(fire: _Fire | None, history: History, why: str, *, escalated: bool = False,
+    def decision(fire: Fire | None, history: History, why: str, *, escalated: bool = False,
                  recovered: bool = recovered, workload: bool = False) -> Decision:
         assert policy is not None
         if fire is None:
             history = replace(history, marked_since=None, rule=None, held_effect=None)
             return Decision(effect=EFFECT_NONE, would=EFFECT_NONE, policy=policy.name, rule=None, mode="",
-                            why=_why(verified_note + why), escalated=False, recovered=recovered,
+                            why=bounded_why(verified_note + why), escalated=False, recovered=recovered,
                             workload_fault=False, drain=None, history=history, recheck_at=recheck)
         rule = fire.rule
-        would = _stronger(rule.effect, policy.recovery.escalate_to) if escalated else rule.effect
+        would = stronger(rule.effect, policy.recovery.escalate_to) if escalated else rule.effect
         effect = would if rule.mode == MODE_ENFORCE and not workload else EFFECT_NONE
         if workload:
             would = EFFECT_NONE
         history = replace(history, held_effect=effect if history.marked_since is not None else None)
         # Decision.escalated: the effect escalated; a Shadow rule's escalation is only in `would` and words.
         return Decision(effect=effect, would=would, policy=policy.name, rule=rule.name, mode=rule.mode,
-                        why=_why(verified_note + why), escalated=escalated and rule.mode == MODE_ENFORCE,
+                        why=bounded_why(verified_note + why), escalated=escalated and rule.mode == MODE_ENFORCE,
                         recovered=recovered,
                         workload_fault=workload, drain=rule.drain, history=history, recheck_at=recheck,
                         scope=rule.scope)
 
-    def mode_words(fire: _Fire, effect: str) -> str:
+    def mode_words(fire: Fire, effect: str) -> str:
         return f"{effect}" if fire.rule.mode == MODE_ENFORCE else f"Shadow: would {effect}, does nothing"
 
     marking = [f for f in fires if f.marks]
@@ -344,29 +240,29 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
             # escalates. A rule that fired meanwhile and has not recovered starts a mark of its own
             # (and keeps it through the history, its observations being older than the clear).
             history = _cleared(history, held_fire)
-            words = _recovered_words(held_fire)
-            rest = _strongest(f for f in marking if f is not held_fire and f.recovered_at is None)
+            words = recovered_words(held_fire)
+            rest = strongest(f for f in marking if f is not held_fire and f.recovered_at is None)
             if rest is None:
                 return decision(None, history, words, recovered=True)
             history = replace(history, marked_since=now, rule=rest.rule.name)
-            return decision(rest, history, f"{words}; {_describe(rest)}; {mode_words(rest, rest.rule.effect)}",
+            return decision(rest, history, f"{words}; {describe(rest)}; {mode_words(rest, rest.rule.effect)}",
                             recovered=True)
 
-    def refault(fires: Iterable[_Fire], clears: Iterable[datetime]) -> tuple[_Fire, datetime] | None:
+    def refault(fires: Iterable[Fire], clears: Iterable[datetime]) -> tuple[Fire, datetime] | None:
         """The strongest of `fires` that fired within refaultWindow after the last of `clears` (after the boundary)."""
         assert policy is not None
         last = _latest(*clears)
         if last is None or (history.boundary is not None and last <= history.boundary):
             return None
         window = policy.recovery.refault_window
-        found = _strongest(f for f in fires if f.at is not None and last < f.at <= last + window)
+        found = strongest(f for f in fires if f.at is not None and last < f.at <= last + window)
         return (found, last) if found is not None else None
 
-    def refault_words(found: tuple[_Fire, datetime], what: str) -> str:
+    def refault_words(found: tuple[Fire, datetime], what: str) -> str:
         fire, last = found
         assert fire.at is not None
-        return (f"{_describe(fire)}, {format_duration(fire.at - last)} after the automatic recovery at "
-                f"{_at(last)}: {what}; ")
+        return (f"{describe(fire)}, {format_duration(fire.at - last)} after the automatic recovery at "
+                f"{at_words(last)}: {what}; ")
 
     escalation = ""
     if not history.escalated:
@@ -379,7 +275,7 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         holding = [f for f in fires if f.rule.effect != EFFECT_NONE]  # recovery and workload no longer count
     else:
         holding = [f for f in marking if f.recovered_at is None]
-    best = _strongest(holding)
+    best = strongest(holding)
     if best is not None:
         history = replace(history, marked_since=history.marked_since or now, rule=best.rule.name)
         escalated = history.escalated
@@ -389,12 +285,12 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
             if shadow is not None:
                 escalated = True
                 escalation = refault_words(shadow, "Shadow: would escalate")
-        effect = _stronger(best.rule.effect, policy.recovery.escalate_to) if escalated else best.rule.effect
+        effect = stronger(best.rule.effect, policy.recovery.escalate_to) if escalated else best.rule.effect
         earlier = "escalated earlier, only a verified clear ends it; " if history.escalated and not escalation else ""
-        return decision(best, history, f"{escalation}{earlier}{_describe(best)}; {mode_words(best, effect)}"
-                        f"{_shadow_note(holding, best)}", escalated=escalated)
+        return decision(best, history, f"{escalation}{earlier}{describe(best)}; {mode_words(best, effect)}"
+                        f"{shadow_note(holding, best)}", escalated=escalated)
 
-    workload = _strongest(f for f in fires if f.workload_devices)
+    workload = strongest(f for f in fires if f.workload_devices)
     if history.marked_since is not None:
         # Its rule fires no more as a mark (now seen on enough devices to be the workload's fault).
         history = replace(history, marked_since=None, rule=None)
@@ -404,18 +300,18 @@ def decide(policy: Policy | None, observations: Sequence[Observation], history: 
         last = max(marking, key=lambda f: (f.rule.mode == MODE_ENFORCE, f.recovered_at or now))
         assert last.recovered_at is not None
         history = _cleared(history, last)
-        return decision(None, history, f"fired and recovered between two decisions: {_recovered_words(last)}",
+        return decision(None, history, f"fired and recovered between two decisions: {recovered_words(last)}",
                         recovered=True)
     if workload is not None:
-        return decision(workload, history, _workload_words(workload), workload=True)
-    observing = _strongest(fires)
+        return decision(workload, history, workload_words(workload), workload=True)
+    observing = strongest(fires)
     if observing is not None:
-        return decision(observing, history, f"{_describe(observing)}; effect None: observed only")
+        return decision(observing, history, f"{describe(observing)}; effect None: observed only")
     return decision(None, history, f"no rule of policy {policy.name} fired "
                     f"({len(considered)} observations since the last clear)")
 
 
-def _cleared(history: History, fire: _Fire) -> History:
+def _cleared(history: History, fire: Fire) -> History:
     """The history once `fire`'s mark recovered: an Enforce rule's recovery is a clear, a Shadow rule's a
     shadow clear (read by Shadow rules only)."""
     at = fire.recovered_at
@@ -445,12 +341,13 @@ def _orphaned(policy: Policy | None, observations: Sequence[Observation], histor
                        fleet, now)
         if (fresh.history.marked_since is not None and fresh.mode == MODE_ENFORCE
                 and STRENGTH[fresh.effect] >= STRENGTH[held]):
-            return replace(fresh, why=_why(f"{fresh.why} (takes over the mark of rule {history.rule})"),
+            return replace(fresh, why=bounded_why(f"{fresh.why} (takes over the mark of rule {history.rule})"),
                            history=replace(fresh.history, marked_since=history.marked_since))
     where = f"policy {policy.name} has no rule {history.rule}" if policy else "no HealthPolicy applies to this device"
     return Decision(effect=held, would=held, policy=policy.name if policy else None, rule=history.rule,
-                    mode=MODE_ENFORCE, why=_why(f"{where}: the policy/rule that made this mark is gone; the mark "
-                                                f"holds ({held}) until a verified clear"),
+                    mode=MODE_ENFORCE,
+                    why=bounded_why(f"{where}: the policy/rule that made this mark is gone; the mark "
+                                    f"holds ({held}) until a verified clear"),
                     escalated=history.escalated, recovered=False, workload_fault=False, drain=None,
                     history=replace(history, held_effect=held), orphaned=True)
 
@@ -462,72 +359,3 @@ def _latest(*moments: datetime | None) -> datetime | None:
 def _after(observations: Iterable[Observation], floor: datetime | None) -> list[Observation]:
     """The observations later than `floor` (all for None), by (at, key)."""
     return sorted((o for o in observations if floor is None or o.at > floor), key=lambda o: (o.at, o.key))
-
-
-def _workload_words(fire: _Fire) -> str:
-    fault = fire.rule.workload_fault
-    assert fault is not None
-    return (f"{_describe(fire)}; seen on {fire.workload_devices} devices within "
-            f"{format_duration(fault.window)}: a workload fault, not the hardware's, nothing is marked")
-
-
-def _recovered_words(fire: _Fire) -> str:
-    how = {SOURCE_TAINT: f"the driver removed taint {fire.rule.signal}",
-           SOURCE_POD: "only Healthy was reported for the healthy hold"}.get(fire.rule.source, "recovered")
-    return f"{_describe(fire)}; recovered at {_at(fire.recovered_at)}: {how}"
-
-
-# --- replay ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Verified:
-    """A trace event: a person's `kubectl claimwarden clear --verified` of the device at the event's time."""
-
-
-@dataclass
-class DeviceState:
-    """What one device's record holds between events (in the cluster: its status and annotation)."""
-
-    observations: list[Observation] = field(default_factory=list)
-    history: History = History()
-    verified_at: datetime | None = None
-
-
-TraceEvent = tuple[datetime, DeviceRef, "Observation | Verified"]
-
-
-def fleet_of(state: Mapping[DeviceRef, DeviceState]) -> Fleet:
-    """A Fleet over the devices of a replay (or any map of device states)."""
-    def fleet(source: str, signal: str, value: str, since: datetime) -> int:
-        return sum(1 for device in state.values() if any(
-            o.source == source and o.signal == signal and o.value == value and o.state == UNHEALTHY
-            and o.at >= since for o in device.observations))
-    return fleet
-
-
-def replay(trace: Iterable[TraceEvent], policies: Router | Iterable[Policy], *,
-           devices: Mapping[DeviceRef, Mapping[str, Any]] | None = None,
-           state: dict[DeviceRef, DeviceState] | None = None) -> list[tuple[datetime, DeviceRef, Decision]]:
-    """Decide after every event of a trace, as the controller would; pure.
-
-    `policies`: a Router, or policies to route with (no DeviceClasses). `devices`: the slice entries
-    routing sees (a bare {"name": device} when absent). `state`: carried from an earlier replay (it is
-    updated in place), e.g. through JSON to simulate a restart.
-    """
-    router = policies if isinstance(policies, Router) else Router(policies, {})
-    state = {} if state is None else state
-    fleet = fleet_of(state)
-    decisions: list[tuple[datetime, DeviceRef, Decision]] = []
-    for at, ref, event in trace:
-        device = state.setdefault(ref, DeviceState())
-        if isinstance(event, Verified):
-            device.verified_at = at
-        else:
-            device.observations, _ = merge(device.observations, [event])
-        entry = (devices or {}).get(ref) or {"name": ref.device}
-        policy = router.route(ref.driver, ref.pool, entry)
-        decision = decide(policy, device.observations, device.history, fleet, at, verified_at=device.verified_at)
-        device.history = decision.history
-        decisions.append((at, ref, decision))
-    return decisions
-
