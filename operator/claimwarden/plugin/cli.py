@@ -200,7 +200,7 @@ _KINDS = {"pod": "pod", "pods": "pod", "po": "pod", "resourceclaim": "claim", "r
 
 
 def _explain(cluster: Any, args: argparse.Namespace) -> int:
-    from .funnel import explain_claim, explain_pod
+    from .explain import explain_claim, explain_pod
 
     kind, _, name = args.target.rpartition("/")
     kind = kind.lower() or "pod"
@@ -286,7 +286,7 @@ def _explanation_text(explanation: Any, *, wide: bool) -> str:
 
 def _doctor(cluster: Any, args: argparse.Namespace) -> int:
     from .doctor import ERROR, Thresholds, check
-    from .funnel import explain_pod
+    from .explain import explain_pod
     from .snapshot import namespace_of
 
     namespace = None if args.all_namespaces else args.namespace
