@@ -19,10 +19,30 @@ import argparse
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from .errors import EXIT_CLUSTER, EXIT_INPUT, EXIT_OK, InputError
 
 VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve", "drain", "uninstall", "version", "completion")
+
+
+class _VerbParser(argparse.ArgumentParser):
+    """A verb's parser. `only_with` names flags the verb reads only beside another one (drain reads -o only with
+    --dry-run, its plan; a drain itself prints its progress as it goes): without it they are unrecognized
+    arguments, as any flag the verb does not read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.only_with: dict[str, str] = {}
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for dest, needed in self.only_with.items():
+            value = getattr(parsed, dest, None)
+            if value is not None and not getattr(parsed, needed, False):
+                extras.append(f"--{dest}={value} (only with --{needed.replace('_', '-')})")
+                setattr(parsed, dest, None)
+        return parsed, extras
 
 
 def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide", "json", "yaml"),
@@ -55,10 +75,11 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
         prog=prog, description="Explain pending DRA claims, check the cluster, show devices, mark broken ones.",
         epilog="exit codes: 0 fine; 1 blocked (explain), errors found (doctor) or marked devices freed "
                "(uninstall --check); 2 bad input; 3 cluster unreachable")
-    sub = top.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}")
+    sub = top.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}",
+                             parser_class=_VerbParser)
     explain = sub.add_parser("explain", help="why a pod's (or a claim's) devices can or cannot be allocated")
     explain.add_argument("target", help="pod/NAME or resourceclaim/NAME (a bare NAME is a pod)")
-    _common(explain, namespaces=("-n",))
+    _common(explain, output=("wide", "json", "yaml", "name"), namespaces=("-n",))
     doctor = sub.add_parser("doctor", help="find what is wrong with claims and devices (all namespaces unless -n)")
     doctor.add_argument("--pending-after", type=_duration, default=timedelta(minutes=5),
                         help="report pods Pending on claims for longer than this (default: 5m)")
@@ -107,7 +128,8 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
                                                               "write nothing")
     drain.add_argument("--force", action="store_true", help="also evict pods that declare no controller")
     drain.add_argument("--delete-emptydir-data", action="store_true", help="also evict pods with emptyDir volumes")
-    _common(drain, output=())
+    _common(drain, output=("json", "yaml", "name"))
+    drain.only_with["output"] = "dry_run"
     uninstall = sub.add_parser("uninstall", help="before removing claimwarden: which marked devices the scheduler "
                                                  "would get back (read-only)")
     what = uninstall.add_mutually_exclusive_group(required=True)
@@ -118,7 +140,7 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
                       help="where DeviceTaintRule is served: write a NoSchedule DeviceTaintRule owned by nothing "
                            "(label claimwarden.io/handed-over=true) for each marked device, which outlives the "
                            "uninstall; writes nothing for a device already kept off so")
-    _common(uninstall, output=("json", "yaml"))
+    _common(uninstall, output=("json", "yaml", "name"))
     version = sub.add_parser("version", help="the plugin's version; with a reachable cluster also its version "
                                              "and whether claimwarden's CRDs are installed")
     version.add_argument("--client", action="store_true", help="the plugin's version only; read nothing")
@@ -142,6 +164,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kubectl claimwarden"
         print(meta.bash_completion(top) if args.shell == "bash" else meta.zsh_completion(top), end="")
         return EXIT_OK
     if args.verb == "version":
+        if args.client and (args.kubeconfig or args.context):
+            return _fail(prog, "--client reads nothing from a cluster: drop --kubeconfig and --context", EXIT_INPUT)
         return meta.run_version(args, emit)
 
     try:

@@ -38,6 +38,8 @@ def explain(cluster: Any, args: argparse.Namespace) -> int:
         explanation = explain_claim(snapshot, claim)
     if args.output in ("json", "yaml"):
         emit(explanation_data(explanation), args.output)
+    elif args.output == "name":  # the claims explained, as doctor names them
+        print_names(f"resourceclaim/{claim.ref}" for claim in explanation.claims if claim.ref)
     else:
         print(explanation_text(explanation, wide=args.output == "wide"))
     return EXIT_OK if explanation.verdict.allocatable else EXIT_BAD

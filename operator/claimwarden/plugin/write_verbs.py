@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from .errors import EXIT_BAD, EXIT_OK, InputError
-from .output import emit
+from .output import emit, print_names
 
 
 def mark(cluster: Any, args: argparse.Namespace) -> int:
@@ -128,15 +128,31 @@ def clear(cluster: Any, args: argparse.Namespace) -> int:
 def drain(cluster: Any, args: argparse.Namespace) -> int:
     from . import drain, drainer
 
+    if args.dry_run and (args.timeout or args.force_after):
+        raise InputError("--timeout and --force-after do nothing with --dry-run (it waits for nothing): drop them")
     settings = drainer.Settings(node=args.node, timeout=args.timeout, force_after=args.force_after,
                                 options=drain.Options(force=args.force, delete_emptydir_data=args.delete_emptydir_data),
                                 claimwarden_namespace=args.claimwarden_namespace)
     try:
+        if args.dry_run and args.output:
+            return _drain_plan(drainer.read_plan(cluster, settings, drainer.Memory()), args.output)
         if args.dry_run:
             return drainer.dry_run(cluster, settings, say=lambda line: print(line, flush=True))
         return drainer.run(cluster, settings, say=lambda line: print(line, flush=True))
     except drainer.NodeNotFound:
         raise InputError(f"node {args.node!r} not found; 'kubectl get nodes' lists them") from None
+
+
+def _drain_plan(plan: Any, output: str) -> int:
+    """drain --dry-run -o: the plan as a document, or (-o name) every object it would act on, in step order."""
+    from . import drainer
+
+    if output == "name":
+        print_names([f"node/{plan.node}", *(f"pod/{p.ref}" for p in plan.consumers),
+                     *(f"resourceclaim/{h.ref}" for h in plan.claims), *(f"pod/{p.ref}" for p in plan.rest)])
+    else:
+        emit(drainer.plan_data(plan), output)
+    return drainer.EXIT_NOT_DRAINED if plan.refused else drainer.EXIT_DRAINED
 
 
 def uninstall(cluster: Any, args: argparse.Namespace) -> int:
@@ -145,7 +161,9 @@ def uninstall(cluster: Any, args: argparse.Namespace) -> int:
     found = plan(cluster.snapshot(pods=False, claimwarden_namespace=args.claimwarden_namespace))
     if args.hand_over:
         return _hand_over(cluster, found, args.output)
-    if args.output:
+    if args.output == "name":  # the devices an uninstall would free, in the DEVICE form mark takes
+        print_names("/".join(release.device) for release in found.freed)
+    elif args.output:
         emit(found.as_dict(), args.output)
     else:
         print("\n".join(report(found)))
@@ -159,6 +177,9 @@ def _hand_over(cluster: Any, found: Any, output: str | None) -> int:
         written, kept = hand_over(cluster, found)
     except HandOverError as exc:
         raise InputError(str(exc)) from None
+    if output == "name":
+        print_names(f"devicetaintrule/{name}" for name in written)
+        return EXIT_OK
     if output:
         emit({"written": written, "alreadyKeptOff": ["/".join(r.device) for r in kept]}, output)
         return EXIT_OK
