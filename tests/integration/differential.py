@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden.plugin.cel import Evaluator
+from claimwarden.cel import Evaluator
 from claimwarden.plugin.explain import explain_pod
 from claimwarden.plugin.read import Cluster
 

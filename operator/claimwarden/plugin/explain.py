@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from claimwarden.cel import Evaluator
 from claimwarden.objects.pods import resolve_claim_names
 
 from . import nodes as nodesel
-from .cel import Evaluator
 from .constraints import constraints_of
 from .funnel import Funnel, funnel
 from .requests import (

@@ -14,8 +14,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from claimwarden.cel import CelError
+
 from . import nodes as nodesel
-from .cel import CelError
 from .constraints import applies, constraints_of, counters_fit
 from .requests import (
     STEP_ALLOCATED,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from claimwarden.cel import CelError, DeviceInput, Evaluator, device_input
+
 from . import nodes as nodesel
-from .cel import CelError, DeviceInput, Evaluator, device_input
 from .requests import STEP_CLASS, STEP_ERROR, AllocError, Req, class_selectors
 from .snapshot import Device, DeviceId, Obj, Snapshot, name_of
 from .taints import device_tolerates, rule_taints

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .cel import CelError
+from claimwarden.cel import CelError
+
 from .requests import class_selectors
 from .snapshot import Device, DeviceId, Obj, Snapshot, name_of
 

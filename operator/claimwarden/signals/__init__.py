@@ -9,7 +9,7 @@ Modules, by what they decide or do:
 
 - ``observations``: the Observation and how a record's list of them is merged and bounded (pure).
 - ``policy``: HealthPolicy parsing, durations, and the router that picks a device's policy (pure;
-  CEL through ``plugin.cel``).
+  CEL through ``claimwarden.cel``).
 - ``decide``: a device's observations and history -> its effect, shadow or enforced, recovery and
   escalation (pure, deterministic: replaying a trace gives the same decisions).
 - ``taints``, ``podhealth``, ``nodes``: the level-based sources read from the caches (driver taints of
