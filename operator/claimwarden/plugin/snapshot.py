@@ -180,8 +180,7 @@ class Snapshot:
 
     @cached_property
     def pod_index(self) -> dict[tuple[str, str], Obj]:
-        return {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", "")): p
-                for p in self.pods}
+        return _by_namespaced_name(self.pods)
 
     @cached_property
     def pod_uids(self) -> dict[str, Obj]:
@@ -189,8 +188,7 @@ class Snapshot:
 
     @cached_property
     def claim_index(self) -> dict[tuple[str, str], Obj]:
-        return {((c.get("metadata") or {}).get("namespace", ""), (c.get("metadata") or {}).get("name", "")): c
-                for c in self.claims}
+        return _by_namespaced_name(self.claims)
 
     def is_quarantine_claim(self, claim: Obj) -> bool:
         meta = claim.get("metadata") or {}
@@ -223,6 +221,11 @@ class Snapshot:
                     str((out[key].get("spec") or {}).get("source")), 0):
                 out[key] = record
         return out
+
+
+def _by_namespaced_name(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
+    return {((o.get("metadata") or {}).get("namespace", ""), (o.get("metadata") or {}).get("name", "")): o
+            for o in objects}
 
 
 def name_of(obj: Obj) -> str:
