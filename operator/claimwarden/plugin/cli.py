@@ -46,7 +46,7 @@ class _VerbParser(argparse.ArgumentParser):
 
 
 def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide", "json", "yaml"),
-            namespaces: tuple[str, ...] = ()) -> None:
+            namespaces: tuple[str, ...] = (), output_note: str = "") -> None:
     """The connection flags, plus only the namespace flags (`-n`, `-A`) the verb's handler reads."""
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
@@ -55,7 +55,7 @@ def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide
     if "-A" in namespaces:
         parser.add_argument("-A", "--all-namespaces", action="store_true", help="all namespaces")
     if output:
-        parser.add_argument("-o", "--output", choices=output, help="output format: " + "|".join(output))
+        parser.add_argument("-o", "--output", choices=output, help="output format: " + "|".join(output) + output_note)
     parser.add_argument("--claimwarden-namespace", default="claimwarden-system",
                         help="claimwarden's own namespace, where its quarantine claims live (default: %(default)s)")
 
@@ -128,7 +128,7 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
                                                               "write nothing")
     drain.add_argument("--force", action="store_true", help="also evict pods that declare no controller")
     drain.add_argument("--delete-emptydir-data", action="store_true", help="also evict pods with emptyDir volumes")
-    _common(drain, output=("json", "yaml", "name"))
+    _common(drain, output=("json", "yaml", "name"), output_note=" (only with --dry-run: its plan)")
     drain.only_with["output"] = "dry_run"
     uninstall = sub.add_parser("uninstall", help="before removing claimwarden: which marked devices the scheduler "
                                                  "would get back (read-only)")
