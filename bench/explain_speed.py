@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from claimwarden.plugin.funnel import explain_pod
+from claimwarden.plugin.explain import explain_pod
 from claimwarden.plugin.snapshot import Snapshot
 
 DRIVER = "gpu.example.com"

@@ -24,8 +24,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden.plugin.cel import Evaluator
-from claimwarden.plugin.funnel import explain_pod
+from claimwarden.cel import Evaluator
+from claimwarden.plugin.explain import explain_pod
 from claimwarden.plugin.read import Cluster
 
 from .helpers import taint_rule_version

@@ -47,6 +47,8 @@ def test_wheel_installs_in_a_clean_virtualenv_and_runs(tmp_path: Path) -> None:
     # The kubectl plugin ships with the wheel: kubectl finds `kubectl-claimwarden` on PATH.
     plugin_help = _run(venv / "bin" / "kubectl-claimwarden", "--help")
     assert all(verb in plugin_help for verb in ("explain", "doctor", "devices", "mark", "clear")), plugin_help
+    # kubectl 1.26+ completes `kubectl claimwarden ...` by running `kubectl_complete-claimwarden` from PATH.
+    assert _run(venv / "bin" / "kubectl_complete-claimwarden", "do") == "doctor\n:4\n"
     assert "--kubeconfig" in _run(venv / "bin" / "claimwarden", "explain", "--help")
     refused = subprocess.run([str(venv / "bin" / "claimwarden"), "lab", "up"], capture_output=True, text=True)
     assert refused.returncode == 2 and "pip install ./lab" in refused.stderr, refused.stderr

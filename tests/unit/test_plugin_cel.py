@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from claimwarden.plugin.cel import (
+from claimwarden.cel import (
     CelError,
     Evaluator,
     device_input,

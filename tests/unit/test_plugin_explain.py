@@ -8,7 +8,7 @@ import pytest
 
 from claimwarden.plugin import devices as devices_mod
 from claimwarden.plugin import doctor, marking
-from claimwarden.plugin.funnel import explain_claim, explain_pod
+from claimwarden.plugin.explain import explain_claim, explain_pod
 from claimwarden.plugin.snapshot import Snapshot
 
 from .plugin_fixtures import DRIVER, claim, cluster, pod, request

@@ -11,7 +11,8 @@ import pytest
 from claimwarden.health import siblings
 from claimwarden.health.records import DeviceRef
 from claimwarden.plugin import devices, marking
-from claimwarden.plugin.funnel import counters_fit, explain_claim
+from claimwarden.plugin.constraints import counters_fit
+from claimwarden.plugin.explain import explain_claim
 from claimwarden.plugin.snapshot import Snapshot
 
 from .plugin_fixtures import claim, device_class, node, request

@@ -108,6 +108,18 @@ def dry_run(cluster: Cluster, settings: Settings, say: Say) -> int:
     return EXIT_DRAINED
 
 
+def plan_data(plan: drain.Plan) -> dict[str, Any]:
+    """What dry_run prints, as a document (-o json|yaml): the steps, each with the objects it acts on."""
+    return {
+        "node": plan.node, "cordon": plan.cordon,
+        "consumers": [{"pod": p.ref, "claims": list(p.claims), "terminating": p.terminating} for p in plan.consumers],
+        "claims": [{"claim": h.ref, "reason": h.reason} for h in plan.claims],
+        "rest": [{"pod": p.ref, "terminating": p.terminating} for p in plan.rest],
+        "ignored": [{"pod": left.ref, "reason": left.reason} for left in plan.ignored],
+        "refused": [{"pod": left.ref, "reason": left.reason} for left in plan.refused],
+    }
+
+
 def run(cluster: Cluster, settings: Settings, say: Say, *, clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep) -> int:
     """Drain the node; EXIT_DRAINED when done, EXIT_NOT_DRAINED (with the stuck list) at --timeout or when

@@ -1,6 +1,6 @@
 """One snapshot of what the plugin reads, as plain dicts in the raw Kubernetes JSON shape.
 
-`read.py` fills it from the API; `funnel`, `doctor` and `devices` are pure functions over it, so
+`read.py` fills it from the API; `explain` (and its funnel), `doctor` and `devices` are pure functions over it, so
 unit tests and the benchmark build snapshots by hand. The indices (devices, holders) are computed
 once per snapshot.
 """
@@ -20,6 +20,8 @@ DeviceId = tuple[str, str, str]
 """(driver, pool, device)"""
 
 DEFAULT_CLAIMWARDEN_NAMESPACE = "claimwarden-system"
+ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
+"""The value fields of a DeviceAttribute; exactly one is set."""
 
 
 @dataclass(frozen=True)
@@ -50,22 +52,29 @@ class Device:
         source = self.body if self.slice_spec.get("perDeviceNodeSelection") else self.slice_spec
         return {k: source[k] for k in ("nodeName", "nodeSelector", "allNodes") if source.get(k) is not None}
 
-    def attribute(self, name: str) -> Any:
-        """An attribute's value by bare or qualified name (bare = the driver's domain), or None."""
+    def typed_attribute(self, name: str, *, bare_in_driver_domain: bool = False) -> tuple[str, Any] | None:
+        """An attribute as (type, value), looked up as the allocator's lookupAttribute does: the exact key, else
+        the bare id when the name's domain is the driver's; with `bare_in_driver_domain` a bare name also finds
+        the key qualified with the driver's domain (how people write it on the command line)."""
         attributes = self.body.get("attributes") or {}
         entry = attributes.get(name)
         if entry is None:
             domain, _, ident = name.partition("/")
             if ident and domain == self.driver:
                 entry = attributes.get(ident)
-            elif not ident:
+            elif not ident and bare_in_driver_domain:
                 entry = attributes.get(f"{self.driver}/{name}")
         if not entry:
             return None
-        for kind in ("string", "int", "bool", "version"):
-            if kind in entry:
-                return entry[kind]
+        for kind in ATTRIBUTE_TYPES:
+            if entry.get(kind) is not None:
+                return (kind, entry[kind])
         return None
+
+    def attribute(self, name: str) -> Any:
+        """An attribute's value by bare or qualified name (bare = the driver's domain), or None."""
+        found = self.typed_attribute(name, bare_in_driver_domain=True)
+        return None if found is None else found[1]
 
     @property
     def model(self) -> str:
@@ -171,8 +180,7 @@ class Snapshot:
 
     @cached_property
     def pod_index(self) -> dict[tuple[str, str], Obj]:
-        return {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", "")): p
-                for p in self.pods}
+        return _by_namespaced_name(self.pods)
 
     @cached_property
     def pod_uids(self) -> dict[str, Obj]:
@@ -180,8 +188,7 @@ class Snapshot:
 
     @cached_property
     def claim_index(self) -> dict[tuple[str, str], Obj]:
-        return {((c.get("metadata") or {}).get("namespace", ""), (c.get("metadata") or {}).get("name", "")): c
-                for c in self.claims}
+        return _by_namespaced_name(self.claims)
 
     def is_quarantine_claim(self, claim: Obj) -> bool:
         meta = claim.get("metadata") or {}
@@ -214,6 +221,11 @@ class Snapshot:
                     str((out[key].get("spec") or {}).get("source")), 0):
                 out[key] = record
         return out
+
+
+def _by_namespaced_name(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
+    return {((o.get("metadata") or {}).get("namespace", ""), (o.get("metadata") or {}).get("name", "")): o
+            for o in objects}
 
 
 def name_of(obj: Obj) -> str:

@@ -9,7 +9,7 @@ Modules, by what they decide or do:
 
 - ``observations``: the Observation and how a record's list of them is merged and bounded (pure).
 - ``policy``: HealthPolicy parsing, durations, and the router that picks a device's policy (pure;
-  CEL through ``plugin.cel``).
+  CEL through ``claimwarden.cel``).
 - ``decide``: a device's observations and history -> its effect, shadow or enforced, recovery and
   escalation, and the JSON of the decision and history (pure, deterministic); ``fires``: when one rule
   fires and when its mark recovers, per source, and the words of a decision; ``replay``: a trace decided

@@ -4,7 +4,7 @@ A HealthPolicy (cluster-scoped, ``crds/healthpolicies.claimwarden.io.yaml``) hol
 "2 DriverTaint gpu.nvidia.com/xid=79 observations within 10m, a burst of 1m counting once ->
 NoExecute". Which policy applies to a device is a route: its drivers, pools (exact or a trailing
 ``*``), a DeviceClass whose selectors the device must pass, and a CEL selector over the same
-``device`` variable DRA uses (``claimwarden.plugin.cel``). The matching policy with the highest
+``device`` variable DRA uses (``claimwarden.cel``). The matching policy with the highest
 priority wins, ties broken by name, so every device has at most one policy and a reader can tell
 which from the policies alone.
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from claimwarden.cel import CelError, Evaluator, Program, device_input
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.health.siblings import SCOPES
-from claimwarden.plugin.cel import CelError, Evaluator, Program, device_input
 from claimwarden.signals.observations import SIGNAL_MAX, SOURCE_NODE, SOURCE_POD, SOURCES, Observation
 from claimwarden.timestamps import format_rfc3339
 

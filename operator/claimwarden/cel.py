@@ -23,6 +23,10 @@ choice. It is hidden behind `Evaluator`, and this module fills what upstream's e
 Known differences (documented in docs/guides/kubectl-claimwarden.md): no runtime cost limit; two-variable
 comprehensions, sets, lists, URL/IP libraries are not there (a compile error names them);
 `quantity == "string"` is false here, an error in Go.
+
+Two parts of claimwarden evaluate selectors: the plugin's explain (plugin/selectors.py) and the operator's
+HealthPolicy routes (signals/policy.py, a route's CEL selector and DeviceClass). So the adapter lives beside
+both, not inside the plugin, and the operator's image carries the engine.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from ..quantities import parse_quantity
+from .quantities import parse_quantity
 
 QUANTITY_TAG = "__q__"
 SEMVER_TAG = "__semver__"
