@@ -6,11 +6,19 @@ printing int64(d), or None for an error; parse_nanoseconds must agree to the nan
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from cel_expr_python import cel
 
 from claimwarden import durations
+from claimwarden.health import records
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GO_PARSE_DURATION = [
     ("0", 0),
@@ -123,3 +131,48 @@ def test_parse_seconds_refuses_negatives_in_both_forms() -> None:
 def test_format_duration_writes_what_parse_reads_back(duration: timedelta, text: str) -> None:
     assert durations.format_duration(duration) == text
     assert durations.parse(text, negative=True) == duration
+
+
+@functools.cache
+def _crd_rules(path: Path, marker: str) -> list[str]:
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            found.extend(check["rule"] for check in node.get("x-kubernetes-validations", []) if marker in check["rule"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(yaml.safe_load(path.read_text(encoding="utf-8")))
+    return found
+
+
+@functools.cache
+def _compiled(rule: str) -> Any:
+    return cel.NewEnv(variables={"self": cel.Type.STRING}).compile(rule)
+
+
+# Where the CRDs and the parser may differ, by design: a sign on a duration of 0 or more (the CRDs
+# refuse any sign, the parser reads "+5s" and "-0") and values past Go's int64 bound (a pattern cannot
+# count; the parser refuses them).
+_SIGNED_OR_PAST_BOUND = {"+0", "-0", "-0s", "+5s", "2562048h", "9223372036854775808ns", "12345678901234567890ns"}
+
+
+@pytest.mark.parametrize(("text", "nanoseconds"), GO_PARSE_DURATION)
+def test_the_crds_duration_and_drain_rules_accept_what_the_parser_accepts(text: str, nanoseconds: int | None) -> None:
+    crds = ROOT / "crds"
+    durations_rules = _crd_rules(crds / "healthpolicies.claimwarden.io.yaml", "self == '0' ||")
+    drain_rules = (_crd_rules(crds / "healthpolicies.claimwarden.io.yaml", "EvictAfter=")
+                   + _crd_rules(crds / "unhealthydevices.claimwarden.io.yaml", "EvictAfter="))
+    assert len(durations_rules) == 4 and len(drain_rules) == 2
+    if text in _SIGNED_OR_PAST_BOUND:
+        return
+    parsed = nanoseconds is not None and nanoseconds >= 0
+    for rule in durations_rules:
+        assert _compiled(rule).eval(data={"self": text}).value() == parsed, (rule, text)
+    for rule in drain_rules:
+        assert _compiled(rule).eval(data={"self": f"EvictAfter={text}"}).value() == parsed, (rule, text)
+        assert (records.parse_drain(f"EvictAfter={text}") is not None) == parsed
