@@ -36,6 +36,8 @@ CLAIM_COLUMNS = ("custom-columns=CLAIM:.metadata.name,NODE:.status.allocation.de
 
 
 class Stage:
+    """What the scenes act through and share; the lab, the client and claimwarden come from lifecycle.setup."""
+
     def __init__(self, options: DemoOptions, out: TextIO, style: Style) -> None:
         self.options = options
         self.out = out
