@@ -49,7 +49,7 @@ def parse_nanoseconds(text: str) -> int:
     total = 0
     while rest:
         whole, rest = _leading_digits(rest)
-        fraction, scale = "", 1.0
+        fraction = ""
         if rest[:1] == ".":
             fraction, rest = _leading_digits(rest[1:])
         if not whole and not fraction:
