@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -14,12 +15,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from . import __version__
+from . import __version__, durations
 
 if TYPE_CHECKING:
     from .settings import RunSettings
 
 PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
+_DURATION = "a Go duration (like 30s, 5m, 1h30m) or, as before, a plain number of seconds"
 
 
 def _controllers(text: str) -> tuple[str, ...]:
@@ -33,24 +35,27 @@ def _controllers(text: str) -> tuple[str, ...]:
     return names
 
 
-def _seconds(text: str) -> float:
+def _within(text: str, low: float, high: float, bounds: str) -> float:
+    """Seconds from a Go duration (5m, 1h30m, 2.5s) or, as these flags took before, a plain number of seconds."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 1.0 <= value <= 86400.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 1 to 86400")
+        value = durations.parse_seconds(text)
+    except durations.DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration from {bounds}")
     return value
+
+
+def _seconds(text: str) -> float:
+    return _within(text, 1.0, 86400.0, "1s to 24h")
 
 
 def _cache_period(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 300.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 300")
-    return value
+    return _within(text, 0.0, 300.0, "0s to 5m")
+
+
+def _timeout(text: str) -> float:
+    return _within(text, 0.0, math.inf, "0s up")
 
 
 def _boolean(text: str) -> bool:
@@ -144,14 +149,16 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
                      help="namespace for claimwarden's own objects: its Lease and the quarantine claims (default: "
                           "the pod's own, from $POD_NAMESPACE or the ServiceAccount's namespace file; outside a "
                           f"pod {DEFAULT_NAMESPACE})")
-    run.add_argument("--resync-period", type=_seconds, default=300.0,
-                     help="seconds between full resyncs, which also forget objects deleted while a watch was "
-                          "down (default: %(default)s)")
-    run.add_argument("--metrics-cache-period", type=_cache_period, default=5.0, metavar="SECONDS",
-                     help="seconds a computed gauge (claims, devices, records) is served again before it is "
-                          "computed anew from every object; 0 computes it on every scrape (default: %(default)s)")
-    run.add_argument("--request-timeout", type=float, default=30.0,
-                     help="seconds one API request (write or point read) may take in all (default: %(default)s)")
+    run.add_argument("--resync-period", type=_seconds, default="5m", metavar="DURATION",
+                     help="time between full resyncs, which also forget objects deleted while a watch was down; "
+                          f"{_DURATION} (default: %(default)s)")
+    run.add_argument("--metrics-cache-period", type=_cache_period, default="5s", metavar="DURATION",
+                     help="how long a computed gauge (claims, devices, records) is served again before it is "
+                          f"computed anew from every object; 0 computes it on every scrape; {_DURATION} "
+                          "(default: %(default)s)")
+    run.add_argument("--request-timeout", type=_timeout, default="30s", metavar="DURATION",
+                     help=f"how long one API request (write or point read) may take in all; {_DURATION} "
+                          "(default: %(default)s)")
     run.add_argument("--kube-api-qps", type=_api_qps, default=0.0, metavar="QPS",
                      help="client-side limit on claimwarden's own API requests (writes, point reads, the lease; "
                           "not its watches), as kube-controller-manager's flag of that name; 0 means no limit "
@@ -164,14 +171,14 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--leader-elect", type=_boolean, default=True, metavar="true|false",
                      help="elect a leader through a Lease in --namespace, so that several replicas can run; "
                           "false runs the controllers at once, alone (default: true)")
-    run.add_argument("--leader-elect-lease-duration", type=_seconds, default=15.0, metavar="SECONDS",
-                     help="how long standbys wait after the leader's last renewal (default: %(default)s)")
-    run.add_argument("--leader-elect-renew-deadline", type=_seconds, default=10.0, metavar="SECONDS",
+    run.add_argument("--leader-elect-lease-duration", type=_seconds, default="15s", metavar="DURATION",
+                     help=f"how long standbys wait after the leader's last renewal; {_DURATION} (default: %(default)s)")
+    run.add_argument("--leader-elect-renew-deadline", type=_seconds, default="10s", metavar="DURATION",
                      help="how long the leader keeps trying to renew before it gives up; it sends writes only within "
                           "this time after its last renewal, the rest of the lease is left for writes on their "
-                          "way (default: %(default)s)")
-    run.add_argument("--leader-elect-retry-period", type=_seconds, default=2.0, metavar="SECONDS",
-                     help="time between tries to acquire or renew (default: %(default)s)")
+                          f"way; {_DURATION} (default: %(default)s)")
+    run.add_argument("--leader-elect-retry-period", type=_seconds, default="2s", metavar="DURATION",
+                     help=f"time between tries to acquire or renew; {_DURATION} (default: %(default)s)")
     run.add_argument("--breaker-max-fraction", type=_fraction, default=0.3,
                      help="eviction breaker: open when NoExecute marks would evict, with the evictions of the "
                           "window, more than this fraction of the pods holding a driver's devices; 1 turns it "
@@ -181,8 +188,8 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--breaker-min-pods", type=_count, default=8,
                      help="eviction breaker: the fraction never allows fewer than this many pods, so one broken "
                           "node is always emptied at once (default: %(default)s)")
-    run.add_argument("--breaker-window", type=_seconds, default=600.0,
-                     help="eviction breaker: seconds evictions are remembered (default: %(default)s)")
+    run.add_argument("--breaker-window", type=_seconds, default="10m", metavar="DURATION",
+                     help=f"eviction breaker: how long evictions are remembered; {_DURATION} (default: %(default)s)")
     run.add_argument("--eviction-qps", type=_qps, default=10.0,
                      help="eviction budget: Eviction API calls per second, 0 means no budget (default: %(default)s)")
     run.add_argument("--eviction-burst", type=_count, default=20,
@@ -215,8 +222,9 @@ def _parser(lab_cli: ModuleType | None) -> argparse.ArgumentParser:
     run.add_argument("--nvsentinel-handoff", type=_boolean, default=False, metavar="true|false",
                      help="hand node-scoped device faults to NVIDIA NVSentinel as ExternalFaults, where its CRD is "
                           "served (needs manifests/nvsentinel's RBAC; default: %(default)s)")
-    run.add_argument("--nvsentinel-poll-period", type=_seconds, default=10.0, metavar="SECONDS",
-                     help="how often an open ExternalFault is read for FaultCleared (default: %(default)s)")
+    run.add_argument("--nvsentinel-poll-period", type=_seconds, default="10s", metavar="DURATION",
+                     help=f"how often an open ExternalFault is read for FaultCleared; {_DURATION} "
+                          "(default: %(default)s)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
 

@@ -6,7 +6,8 @@ from collections.abc import Hashable
 
 import pytest
 
-from claimwarden.health.budget import DEFAULT_BURST, DEFAULT_QPS, FairBudget, TokenBucket
+from claimwarden.health.budget import DEFAULT_BURST, DEFAULT_QPS, FairBudget
+from claimwarden.tokenbucket import TokenBucket
 
 
 class Clock:

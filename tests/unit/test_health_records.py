@@ -486,6 +486,10 @@ def test_a_manual_record_is_never_relabelled() -> None:
     ("EvictAfter=1h30m", Drain("EvictAfter", timedelta(hours=1, minutes=30))),
     ("EvictAfter=45s", Drain("EvictAfter", timedelta(seconds=45))),
     ("EvictAfter=0s", Drain("EvictAfter", timedelta(0))),
+    # Go's grammar (issue 23 item 8): parts in any order, fractions, a bare 0
+    ("EvictAfter=30m10h", Drain("EvictAfter", timedelta(hours=10, minutes=30))),
+    ("EvictAfter=1.5h", Drain("EvictAfter", timedelta(hours=1, minutes=30))),
+    ("EvictAfter=0", Drain("EvictAfter", timedelta(0))),
 ])
 def test_parse_drain(text: str, drain: Drain) -> None:
     assert parse_drain(text) == drain
@@ -493,7 +497,7 @@ def test_parse_drain(text: str, drain: Drain) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "immediate", "EvictAfter", "EvictAfter=", "EvictAfter=30", "EvictAfter=2d",
-                                  "EvictAfter=-1m", "EvictAfter=30m10h", "EvictAfter: 30m", "Never", "node"])
+                                  "EvictAfter=-1m", "EvictAfter=1d", "EvictAfter: 30m", "Never", "node"])
 def test_parse_drain_refuses(text: str) -> None:
     assert parse_drain(text) is None
 

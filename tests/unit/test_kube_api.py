@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as aio
 
-from claimwarden.kube.api import Kube, TokenBucket, refresh_due
+from claimwarden.kube.api import Kube, refresh_due
 from claimwarden.kube.errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
 from claimwarden.runtime.workqueue import WorkQueue, run_workers
+from claimwarden.tokenbucket import TokenBucket
 
 
 async def _silent_peer() -> tuple[asyncio.Server, int]:

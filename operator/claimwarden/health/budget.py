@@ -23,9 +23,10 @@ keys ``FairBudget.grant`` hands out.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
+
+from ..tokenbucket import TokenBucket
 
 DEFAULT_QPS = 10.0
 DEFAULT_BURST = 20
@@ -36,52 +37,12 @@ GRANT_TTL = 60.0
 never came back: a closed queue) goes back to the bucket."""
 
 
-class TokenBucket:
-    def __init__(self, *, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.qps = qps
-        self.burst = max(int(burst), 1)
-        self._clock = clock
-        self._tokens = float(self.burst)
-        self._last = clock()
-
-    @property
-    def unlimited(self) -> bool:
-        return self.qps <= 0
-
-    def take(self) -> float:
-        """Take one token: 0.0 when taken, else the seconds until one will be there (nothing taken)."""
-        wait = self.wait()
-        if wait == 0.0 and not self.unlimited:
-            self._tokens -= 1.0
-        return wait
-
-    def wait(self) -> float:
-        """Seconds until a token is there (0.0: now); takes nothing."""
-        if self.unlimited:
-            return 0.0
-        self._refill()
-        if self._tokens >= 1.0:
-            return 0.0
-        return (1.0 - self._tokens) / self.qps
-
-    def give_back(self) -> None:
-        """A token taken and not used (the eviction turned out not to be due)."""
-        if not self.unlimited:
-            self._refill()
-            self._tokens = min(float(self.burst), self._tokens + 1.0)
-
-    def _refill(self) -> None:
-        moment = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (moment - self._last) * self.qps)
-        self._last = moment
-
-
 class FairBudget:
     """A token bucket whose tokens go round-robin over namespaces once evictions have to wait."""
 
     def __init__(self, bucket: TokenBucket, *, grant_ttl: float = GRANT_TTL) -> None:
         self.bucket = bucket
-        self._clock = bucket._clock
+        self._clock = bucket.clock
         self._grant_ttl = grant_ttl
         # namespace -> its parked keys, oldest first; the namespace first in the ring is served next.
         self._ring: OrderedDict[str, deque[tuple[Hashable, int]]] = OrderedDict()

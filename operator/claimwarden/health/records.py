@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from claimwarden import durations
+from claimwarden.durations import format_duration
 from claimwarden.objects.meta import metadata, spec
 from claimwarden.timestamps import parse_rfc3339
 
@@ -50,15 +52,13 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NOT_NAME_CHAR = re.compile(r"[^a-z0-9.-]")
 _NOT_LABEL_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-# Also in the CRD's rule for spec.drain: keep the two in step.
-_EVICT_AFTER = re.compile(r"^EvictAfter=(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:([0-9]{1,6})s)?$")
 
 DRAIN_IMMEDIATE = "Immediate"
 DRAIN_ALLOW_COMPLETION = "AllowCompletion"
 DRAIN_EVICT_AFTER = "EvictAfter"
 DRAIN_NODE = "Node"  # the record's whole node, in the drain order (health/node_drain.py)
 DRAIN_SYNTAX = ("Immediate, AllowCompletion, Node or EvictAfter=<duration> "
-                "(like EvictAfter=30m, EvictAfter=1h30m, EvictAfter=45s)")
+                "(like EvictAfter=30m, EvictAfter=1h30m, EvictAfter=45s: a Go duration, durations.py)")
 
 
 @dataclass(frozen=True)
@@ -164,23 +164,19 @@ class Drain:
 
 
 def parse_drain(text: str) -> Drain | None:
-    """`Immediate`, `AllowCompletion`, `Node` or `EvictAfter=<h/m/s duration>`; None for anything else."""
+    """`Immediate`, `AllowCompletion`, `Node` or `EvictAfter=<Go duration of 0 or more>`; None for anything else.
+
+    The CRDs' rules for spec.drain accept the same texts: keep the two in step.
+    """
     if text in (DRAIN_IMMEDIATE, DRAIN_ALLOW_COMPLETION, DRAIN_NODE):
         return Drain(text)
-    match = _EVICT_AFTER.match(text)
-    if match is None or not any(match.groups()):
+    mode, equals, after = text.partition("=")
+    if mode != DRAIN_EVICT_AFTER or not equals:
         return None
-    hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    return Drain(DRAIN_EVICT_AFTER, timedelta(hours=hours, minutes=minutes, seconds=seconds))
-
-
-def format_duration(duration: timedelta) -> str:
-    """A duration as parse_drain reads it: "1h30m", "45s", "0s"."""
-    total = int(duration.total_seconds())
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    text = "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if value)
-    return text or "0s"
+    try:
+        return Drain(DRAIN_EVICT_AFTER, durations.parse(after))
+    except durations.DurationError:
+        return None
 
 
 def record_drain(record: dict[str, Any]) -> Drain:

@@ -26,7 +26,6 @@ import contextlib
 import datetime
 import logging
 import math
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ import orjson
 from kubernetes.aio import client as aio
 
 from ..timestamps import now_rfc3339
+from ..tokenbucket import TokenBucket
 from .errors import ApiError, ApiTimeout, ApiUnreachable, NotLeader, NotServed
 from .login import aio_configuration
 
@@ -67,31 +67,6 @@ def env_proxy(url: str) -> str | None:
     if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
         return None
     return proxy
-
-
-class TokenBucket:
-    """Client-side request budget, like client-go's ``--kube-api-qps``/``--kube-api-burst``.
-
-    ``burst`` requests may go out at once; after that one every ``1 / qps`` seconds. `reserve` takes a
-    token (possibly one not refilled yet) and says how long to wait before using it, so waiting
-    requests keep their order. ``qps`` 0 means no limit.
-    """
-
-    def __init__(self, qps: float, burst: int, now: float) -> None:
-        self.qps = qps
-        self.burst = max(1, burst)
-        self._tokens = float(self.burst)
-        self._at = now
-
-    def reserve(self, now: float) -> float:
-        """Take one token at time ``now``; return the seconds to wait before the request may go out."""
-        if self.qps <= 0:
-            return 0.0
-        if now > self._at:
-            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
-            self._at = now
-        self._tokens -= 1.0
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 
 
 def refresh_due(now: datetime.datetime, loaded_at: datetime.datetime, expires_at: datetime.datetime | None) -> bool:
@@ -125,7 +100,7 @@ class Kube:
         self._refreshing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
         # Every request this client sends draws on it (writes, point reads, the lease); Kopf's watches do not.
-        self._budget = TokenBucket(qps, burst, time.monotonic()) if qps > 0 else None
+        self._budget = TokenBucket(qps=qps, burst=burst) if qps > 0 else None
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
@@ -195,7 +170,7 @@ class Kube:
     async def _spend(self) -> None:
         """Wait for the client-side budget (--kube-api-qps), if there is one."""
         if self._budget is not None:
-            wait = self._budget.reserve(time.monotonic())
+            wait = self._budget.reserve()
             if wait > 0:
                 await asyncio.sleep(wait)
 

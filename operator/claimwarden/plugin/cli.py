@@ -61,13 +61,12 @@ def _common(parser: argparse.ArgumentParser, *, output: tuple[str, ...] = ("wide
 
 
 def _duration(text: str) -> timedelta:
-    units = {"s": 1, "m": 60, "h": 3600}
+    from claimwarden import durations
+
     try:
-        if text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 5m or 1h") from None
+        return timedelta(seconds=durations.parse_seconds(text))  # a plain number is seconds, as before
+    except durations.DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:

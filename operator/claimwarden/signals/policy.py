@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from claimwarden import durations
 from claimwarden.cel import CelError, Evaluator, Program, device_input
 from claimwarden.health.records import EFFECTS, parse_drain
 from claimwarden.health.siblings import SCOPES
@@ -43,19 +44,17 @@ POD_SIGNAL = "allocatedResourcesStatus"
 REPAIR_ACTIONS = ("None", "GpuReset", "NodeReboot", "Drain")
 """A rule's recommendedAction (handoff/actions.py ACTIONS: kept in step, the CRD's enum too)."""
 
-_DURATION = re.compile(r"^(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:([0-9]{1,6})s)?$")
 _RULE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def parse_duration(text: str) -> timedelta | None:
-    """`1h30m`, `10m`, `45s`, `0s` (each part at most 6 digits); None for anything else."""
-    if not isinstance(text, str) or not text:
+    """A Go duration of 0 or more (`1h30m`, `10m`, `45s`, `1.5h`, `0`: durations.py); None for anything else."""
+    if not isinstance(text, str):
         return None
-    match = _DURATION.match(text)
-    if match is None or not any(match.groups()):
+    try:
+        return durations.parse(text)
+    except durations.DurationError:
         return None
-    hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    return timedelta(hours=hours, minutes=minutes, seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -148,11 +147,14 @@ def _duration(body: Mapping[str, Any], name: str, default: timedelta, where: str
     raw = body.get(name)
     if raw is None:
         return default
-    parsed = parse_duration(raw) if isinstance(raw, str) else None
-    if parsed is None:
-        errors.add(f"{where}.{name}", f"{raw!r} is not a duration like 1h30m, 10m or 45s")
+    if not isinstance(raw, str):
+        errors.add(f"{where}.{name}", f"{raw!r} is not a duration like 1h30m, 10m or 45s ({durations.GRAMMAR})")
         return default
-    return parsed
+    try:
+        return durations.parse(raw)
+    except durations.DurationError as exc:
+        errors.add(f"{where}.{name}", str(exc))
+        return default
 
 
 def _count(body: Mapping[str, Any], name: str, default: int | None, where: str, errors: _Errors,

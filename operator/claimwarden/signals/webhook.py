@@ -42,6 +42,7 @@ from aiohttp import web
 
 from claimwarden import metrics
 from claimwarden.health.records import DeviceRef
+from claimwarden.tokenbucket import TokenBucket
 
 from .alerts import FIRING, Alert, alert_observation, observation_key, parse_payload
 from .observations import Observation
@@ -151,25 +152,6 @@ class Tokens:
         return match
 
 
-class Bucket:
-    """A token bucket: `rate` per second, at most `burst` at once. A call of more than `burst` alerts
-    takes the whole bucket, so Alertmanager's biggest groups still get through, one at a time."""
-
-    def __init__(self, rate: float, burst: int, clock: Clock = time.monotonic) -> None:
-        self._rate, self._burst, self._clock = rate, burst, clock
-        self._tokens, self._at = float(burst), clock()
-
-    def take(self, count: int) -> bool:
-        now = self._clock()
-        self._tokens = min(float(self._burst), self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        need = min(count, self._burst)
-        if self._tokens < need:
-            return False
-        self._tokens -= need
-        return True
-
-
 class Seen:
     """Observation keys written within the last `seconds`, oldest first."""
 
@@ -213,7 +195,7 @@ class Receiver:
         self.settings = settings
         self._sink, self._resolve, self._leading = sink, resolve, leading
         self._tokens = Tokens(settings.token_file) if settings.token_file else None
-        self._bucket = Bucket(settings.rate, settings.burst, clock)
+        self._bucket = TokenBucket(qps=settings.rate, burst=settings.burst, clock=clock)
         self._seen = Seen(DEDUP_SECONDS, clock)
         self._runner: web.AppRunner | None = None
         self._reload: asyncio.Task[None] | None = None
@@ -326,7 +308,7 @@ class Receiver:
                 counts["duplicate"] += 1
             else:
                 new[key] = alert
-        if new and not self._bucket.take(len(new)):
+        if new and not self._bucket.take_batch(len(new)):
             metrics.WEBHOOK_ALERTS.labels("rate_limited").inc(len(new))
             return _answer(429, f"{len(new)} new alert(s) over --alert-rate {self.settings.rate:g}/s "
                                 f"(burst {self.settings.burst})")
