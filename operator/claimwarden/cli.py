@@ -21,12 +21,11 @@ if TYPE_CHECKING:
     from .settings import RunSettings
 
 PLUGIN_VERBS = ("explain", "doctor", "devices", "mark", "clear", "approve")
+ALL_CONTROLLERS = ("claims", "reservations", "health", "metrics")
 _DURATION = "a Go duration (like 30s, 5m, 1h30m) or, as before, a plain number of seconds"
 
 
 def _controllers(text: str) -> tuple[str, ...]:
-    from .settings import ALL_CONTROLLERS
-
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     wrong = [n for n in names if n not in ALL_CONTROLLERS]
     if wrong or not names:
@@ -384,18 +383,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .plugin.cli import main as plugin_main
 
         return plugin_main(argv, prog="claimwarden")
-    if argv[:1] == ["run"]:
-        # Before the flags are parsed: parsing --controllers imports app.py, and with it Kopf's private names.
+    # The lab is imported only for its own verbs: `claimwarden run` never loads it.
+    lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
+    args = _parser(lab_cli).parse_args(argv)  # imports nothing of Kopf: `run --help` answers without it
+    if args.command == "run":
+        # Before any module that uses Kopf's private names is imported.
         from .runtime import kopf_private
 
         refusal = kopf_private.check(__version__)
         if refusal is not None:
             print(f"claimwarden: {refusal}", file=sys.stderr)
             return 1
-    # The lab is imported only for its own verbs: `claimwarden run` never loads it.
-    lab_cli = _lab_cli() if argv[:1] == ["lab"] else None
-    args = _parser(lab_cli).parse_args(argv)
-    if args.command == "run":
         return _run(args)
     if lab_cli is None:
         print("claimwarden: the lab is not installed: it is a development tool, installed from a clone with "

@@ -16,8 +16,6 @@ from .health.controller import HealthSettings
 from .leader.elector import ElectionSettings
 from .signals.webhook import WebhookSettings
 
-ALL_CONTROLLERS = ("claims", "reservations", "health", "metrics")
-
 
 @dataclass(frozen=True)
 class RunSettings:

@@ -20,7 +20,7 @@ def _settings(*flags: str) -> run.RunSettings:
 def test_the_defaults_are_those_of_the_flags() -> None:
     settings = _settings()
     assert isinstance(settings, run.RunSettings)
-    assert settings.controllers == run.ALL_CONTROLLERS
+    assert settings.controllers == cli.ALL_CONTROLLERS
     assert settings.kubeconfig is None
     assert settings.namespace == "claimwarden-system"
     assert (settings.metrics_address, settings.metrics_port) == ("0.0.0.0", 9090)

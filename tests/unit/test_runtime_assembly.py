@@ -6,12 +6,13 @@ import asyncio
 from typing import Any
 
 from claimwarden.cache import POD_BY_PODGROUP, Cache, index_views
+from claimwarden.cli import ALL_CONTROLLERS
 from claimwarden.handoff.controller import HandoffSettings
 from claimwarden.health.controller import HealthSettings
 from claimwarden.runtime import assembly
 from claimwarden.runtime.operator import Runtime
 from claimwarden.runtime.workqueue import WorkQueue
-from claimwarden.settings import ALL_CONTROLLERS, RunSettings
+from claimwarden.settings import RunSettings
 
 
 def _settings(**changes: Any) -> RunSettings:
