@@ -175,3 +175,15 @@ def test_mark_and_clear_plans() -> None:
     assert marking.expiry("2h", NOW) == "2026-01-01T03:00:00Z"
     with pytest.raises(marking.MarkError):
         marking.expiry("tomorrow", NOW)
+
+
+def test_mark_expires_reads_go_durations_as_every_other_flag_does() -> None:
+    assert marking.expiry("1h30m", NOW) == "2026-01-01T02:30:00Z"
+    assert marking.expiry("90s", NOW) == "2026-01-01T01:01:30Z"
+    assert marking.expiry("2026-12-31T00:00:00Z", NOW) == "2026-12-31T00:00:00Z"
+    assert marking.expiry(None, NOW) is None
+    with pytest.raises(marking.MarkError, match="no days; write 168h"):
+        marking.expiry("7d", NOW)
+    for lapsed in ("0s", "0", "-1h"):
+        with pytest.raises(marking.MarkError):
+            marking.expiry(lapsed, NOW)

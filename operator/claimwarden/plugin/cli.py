@@ -96,7 +96,8 @@ def parser(prog: str = "kubectl claimwarden") -> argparse.ArgumentParser:
     mark.add_argument("--reason", required=True, help="why (shows in events and the record)")
     mark.add_argument("--effect", default="NoExecute", choices=("NoExecute", "NoSchedule", "None"),
                       help="NoExecute evicts, NoSchedule keeps new pods away, None is a dry run (default: NoExecute)")
-    mark.add_argument("--expires", help="when the mark lapses: a duration (30m, 12h, 7d) or an RFC 3339 date-time")
+    mark.add_argument("--expires",
+                      help="when the mark lapses: a Go duration from now (30m, 12h, 168h) or an RFC 3339 date-time")
     mark.add_argument("--scope", choices=("Device", "FaultDomain"),
                       help="FaultDomain: the device and its siblings (devices sharing its counter sets or parent); "
                            "Device: the device alone (default: FaultDomain for a whole device, Device for a partition)")

@@ -14,7 +14,7 @@ from claimwarden.health.records import DeviceRef
 
 from .snapshot import Obj, Snapshot
 
-_DURATION = re.compile(r"^(\d+)([smhd])$")
+_DAYS = re.compile(r"^\d+d$")
 
 
 class MarkError(ValueError):
@@ -43,20 +43,24 @@ def resolve(snapshot: Snapshot, text: str) -> DeviceRef:
 
 
 def expiry(text: str | None, now: datetime) -> str | None:
-    """--expires: an RFC 3339 date-time, or a duration from now like 30m, 12h, 7d."""
+    """--expires: a Go duration from now (30m, 12h, 168h) or an RFC 3339 date-time."""
     if not text:
         return None
-    match = _DURATION.match(text)
-    if match:
-        amount, unit = int(match[1]), match[2]
-        delta = {"s": timedelta(seconds=amount), "m": timedelta(minutes=amount),
-                 "h": timedelta(hours=amount), "d": timedelta(days=amount)}[unit]
-        return (now + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+    from claimwarden import durations
     from claimwarden.timestamps import parse_rfc3339
-    if parse_rfc3339(text) is None:
-        raise MarkError(f"--expires {text!r} is neither a duration (30m, 12h, 7d) nor an RFC 3339 date-time "
-                        "(2026-12-31T00:00:00Z)")
-    return text
+
+    try:
+        delta = durations.parse(text)
+    except durations.DurationError:
+        if _DAYS.match(text):
+            raise MarkError(f"--expires {text!r}: a Go duration has no days; write {int(text[:-1]) * 24}h") from None
+        if parse_rfc3339(text) is None:
+            raise MarkError(f"--expires {text!r} is neither a Go duration (30m, 12h, 168h) nor an RFC 3339 "
+                            "date-time (2026-12-31T00:00:00Z)") from None
+        return text
+    if delta <= timedelta(0):
+        raise MarkError(f"--expires {text!r}: the mark would lapse at once; give a positive duration")
+    return (now + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
