@@ -384,12 +384,3 @@ class SignalsController:
             self._reported.add(marker)
             await self._event(record, "Warning", INVALID_VERIFIED, problem)
 
-    # The fleet view under the names the controller's tests read it by.
-    def _set_fleet(self, ref: DeviceRef, faults: Sequence[Observation]) -> None:
-        self.fleet.replace(ref, faults)
-
-    def _fleet_count(self, source: str, signal: str, value: str, since: datetime) -> int:
-        return self.fleet.count(source, signal, value, since)
-
-    def _fleet_devices(self, source: str, signal: str) -> list[DeviceRef]:
-        return self.fleet.devices(source, signal)
