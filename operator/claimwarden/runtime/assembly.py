@@ -143,10 +143,10 @@ async def _start_health_tasks(runtime: Runtime, health: HealthController) -> Non
         health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
     # Approvals count only while the approval policy is installed: known before the first record reconcile.
     try:
-        await health.admission.refresh()
+        await health.approvals.admission.refresh()
     except Exception as exc:  # retried every 15 s; until then no approval counts
         log.warning("reading the admission policies failed: %s; approvals are not honoured until they are read", exc)
-    runtime.background.append(asyncio.create_task(health.admission.run(), name="admission-policies"))
+    runtime.background.append(asyncio.create_task(health.approvals.admission.run(), name="admission-policies"))
 
 
 async def serve_webhook(settings: RunSettings, runtime: Runtime) -> Receiver | None:
