@@ -71,7 +71,9 @@ class _Pending:
 class SignalsController:
     """The signals' queue, the events that feed it, and the reconcile that decides each device."""
 
-    def __init__(self, *, cache: Cache, kube: Kube) -> None:
+    def __init__(self, *, cache: Cache, kube: Kube, repair_gate: RepairGate | None = None) -> None:
+        """`repair_gate`: the hand-off (handoff/controller.py): a verified clear waits while the record's repair
+        is open (None in tests: no repair holds a recovery)."""
         self.cache = cache
         self.kube = kube
         self.queue = WorkQueue("signals")
@@ -90,8 +92,7 @@ class SignalsController:
         self._slice_taints: dict[str, dict[str, list[Body]]] = {}
         self._pod_health: dict[str, frozenset[podhealth.DeviceHealth]] = {}
         self._node_conditions: dict[str, list[Body]] = {}
-        self.repair_gate: RepairGate | None = None
-        """The hand-off (handoff/controller.py): a verified clear waits while the record's repair is open."""
+        self.repair_gate = repair_gate
 
     def router(self) -> policy.Router:
         """The router over the cached policies (``routing``): its errors are the policies' statuses'."""
