@@ -1,5 +1,5 @@
 """Fresh reads shared by a burst (kube/next_read.py) and how evictions read their records with them
-(health/evictions.py)."""
+(health/eviction_reads.py)."""
 
 from __future__ import annotations
 

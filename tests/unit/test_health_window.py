@@ -1,5 +1,5 @@
 """The breaker's window written ahead of each eviction (health/window.py, health/ahead.py) and seeded from a live
-LIST (health/evictions.py): what is merged, what is never lost, and how many writes it takes."""
+LIST (health/eviction_counts.py): what is merged, what is never lost, and how many writes it takes."""
 
 from __future__ import annotations
 
