@@ -1,10 +1,11 @@
 """Benchmark, in-process: the cost of the eviction breaker's decisions as the records grow (code review
 2a798de, section 9).
 
-N `HealthController.decision()` calls over N NoExecute records of one driver, one claim and pod per
-record, some records with an eviction in the window (`--recent`, a fraction of them). A decision is
-made for every record reconcile and again before every eviction, so a burst of N marks makes about
-2N of them. Run it against any checkout to compare (the controller's constructor is all it uses):
+N breaker decisions (`HealthController.breakers.decision()`, health/breaker_view.py) over N NoExecute
+records of one driver, one claim and pod per record, some records with an eviction in the window
+(`--recent`, a fraction of them). A decision is made for every record reconcile and again before every
+eviction, so a burst of N marks makes about 2N of them. Run it against any checkout since the breakers
+moved to breaker_view.py to compare (the controller's constructor and its `breakers` are all it uses):
 
     PYTHONPATH=operator .venv/bin/python bench/breaker_decisions.py [--records 500,1000,2000] [--recent 0.1]
 """
@@ -56,7 +57,7 @@ def run(records: int, recent: float) -> tuple[float, Any]:
     controller = HealthController(synthetic(records, recent), kube=None, namespace=NAMESPACE)  # type: ignore[arg-type]
     started = time.perf_counter()
     for _ in range(records):
-        decision = controller.decision(DRIVER)
+        decision = controller.breakers.decision(DRIVER)
     return time.perf_counter() - started, decision
 
 

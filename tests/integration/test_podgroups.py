@@ -243,9 +243,9 @@ def test_a_podgroup_version_dropped_while_claimwarden_runs_stops_it_and_its_rest
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """An upgrade that drops the PodGroup version claimwarden watches (here v1alpha3; the apiserver then
     serves v1beta1): Kopf's watch of it fails, its orchestrator stops, and claimwarden exits (it stayed up
-    with no controller running before app.EXIT_AFTER_CLEANUP); the restarted claimwarden (a Deployment's pod
-    is restarted) watches v1beta1 and keeps the reservation of a PodGroup made meanwhile. The "not served"
-    answers themselves are tested in test_kube_errors.py and tests/unit/test_reservations_release.py:
+    with no controller running before EXIT_AFTER_CLEANUP, runtime/ending.py); the restarted claimwarden (a
+    Deployment's pod is restarted) watches v1beta1 and keeps the reservation of a PodGroup made meanwhile. The
+    "not served" answers themselves are tested in test_kube_errors.py and tests/unit/test_reservations_release.py:
     here Kopf stops claimwarden before they matter."""
     with extra_lab(tmp_path_factory, kubernetes=KUBERNETES, nodes=1, gpus_per_node=2, presets="podgroups",
                    runtime_config=ALPHA_ONLY) as state:

@@ -28,13 +28,14 @@ def test_a_pod_and_a_podgroup_generate_the_same_claim_but_for_the_owner() -> Non
 def test_the_status_entries_are_the_same_for_both_owners() -> None:
     for kind in ("Pod", "PodGroup"):
         assert generation.status_entries(owner(kind), {}, {}) == [{"name": "gpu", "resourceClaimName": "team-gpu-old"}]
-    assert plan.claim_status_entries(owner("Pod"), {"gpu": "new"}, {}) == \
-        podgroups.group_status_entries(owner("PodGroup"), {"gpu": "new"}, {})
+    assert generation.status_entries(owner("Pod"), {"gpu": "new"}, {}) == \
+        generation.status_entries(owner("PodGroup"), {"gpu": "new"}, {})
 
 
 def test_the_podgroup_plan_is_the_shared_plan_and_its_entry_name_is_the_pod_claim_name() -> None:
-    assert podgroups.PodGroupPlan is ClaimPlan
-    assert CreateClaim("gpu", "tmpl").entry_name == "gpu"
+    group_plan = podgroups.plan_podgroup(owner("PodGroup"), {}, [], {"gpu": TEMPLATE})
+    assert type(group_plan) is ClaimPlan
+    assert group_plan.create == (CreateClaim("gpu", "gpu"),) and group_plan.create[0].pod_claim_name == "gpu"
     assert CreateClaim("gpu", "tmpl") != RecordClaim("gpu", "tmpl")
 
 

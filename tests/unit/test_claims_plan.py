@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from claimwarden.claims import plan
+from claimwarden.claims.generation import status_entries
 from claimwarden.claims.plan import (
     ClaimProblem,
     CreateClaim,
@@ -13,7 +14,6 @@ from claimwarden.claims.plan import (
     RecordClaim,
     ReserveClaim,
     build_claim,
-    claim_status_entries,
     duplicate_claims,
     plan_pod,
 )
@@ -505,26 +505,26 @@ def test_status_entries_carry_every_template_claim_not_only_this_syncs() -> None
     # template appears late must keep its first entry when the second is recorded.
     pod = make_pod([template_entry("a", "ta"), template_entry("b", "tb")],
                    [{"name": "a", "resourceClaimName": "pod1-a-xxxxx"}])
-    entries = claim_status_entries(pod, {"b": "pod1-b-yyyyy"}, {})
+    entries = status_entries(pod, {"b": "pod1-b-yyyyy"}, {})
     assert entries == [{"name": "a", "resourceClaimName": "pod1-a-xxxxx"},
                        {"name": "b", "resourceClaimName": "pod1-b-yyyyy"}]
 
 
 def test_status_entries_keep_what_was_applied_before_the_cache_shows_it() -> None:
     pod = make_pod([template_entry("a", "ta"), template_entry("b", "tb")], [])
-    entries = claim_status_entries(pod, {"b": "pod1-b-yyyyy"}, {"a": "pod1-a-xxxxx"})
+    entries = status_entries(pod, {"b": "pod1-b-yyyyy"}, {"a": "pod1-a-xxxxx"})
     assert [e["name"] for e in entries] == ["a", "b"]
 
 
 def test_status_entries_prefer_this_syncs_claim_over_older_ones() -> None:
     pod = make_pod([template_entry("a", "ta")], [{"name": "a", "resourceClaimName": "old"}])
-    assert claim_status_entries(pod, {"a": "new"}, {"a": "older"}) == [{"name": "a", "resourceClaimName": "new"}]
+    assert status_entries(pod, {"a": "new"}, {"a": "older"}) == [{"name": "a", "resourceClaimName": "new"}]
 
 
 def test_status_entries_leave_out_claims_by_name_and_unknown_ones() -> None:
     pod = make_pod([user_entry("shared", "big-claim"), template_entry("a", "ta"), template_entry("b", "tb")],
                    [{"name": "b"}])
-    assert claim_status_entries(pod, {}, {}) == []
+    assert status_entries(pod, {}, {}) == []
 
 
 # --- when the pod's claim statuses are applied again ----------------------------------------------

@@ -34,23 +34,23 @@ def test_decisions_follow_claim_and_record_events() -> None:
                    "claims_by_owner": {}, "claims_by_device": {}, "claims_by_record": {}, "templates_by_name": {},
                    "records_by_name": records, "records_by_device": {}})
     health = HealthController(cache, kube=None, namespace="claimwarden-system")  # type: ignore[arg-type]
-    first = health.decision(DRIVER)
+    first = health.breakers.decision(DRIVER)
     assert (first.population, first.limit, first.recent) == (40, 12, 0)
 
     shared = _claim("shared", "gpu-40", [f"tiny-{i:03}" for i in range(256)])
     claims[("ns", "shared")] = [shared]
     health.enqueue_for_claim("ns", "shared", shared)
-    assert health.decision(DRIVER).population == 41  # 256 pods on one device weigh one
+    assert health.breakers.decision(DRIVER).population == 41  # 256 pods on one device weigh one
 
     del claims[("ns", "c0")]
     health.enqueue_for_claim("ns", "c0", _claim("c0", "gpu-0", ["p0"]), deleted=True)
-    assert health.decision(DRIVER).population == 40
+    assert health.breakers.decision(DRIVER).population == 40
 
     records["r"] = [_record("r", "gpu-0", ["ns/p0", "ns/gone"])]
     health.enqueue_record("r")
-    after = health.decision(DRIVER)
+    after = health.breakers.decision(DRIVER)
     assert (after.recent, after.population) == (2, 41)  # the record's evicted pods weigh one pod
 
     del records["r"]
-    health.breaker_view.forget("r")  # what reconcile_record does for a record gone
-    assert health.decision(DRIVER).recent == 0
+    health.breakers.view.forget("r")  # what reconcile_record does for a record gone
+    assert health.breakers.decision(DRIVER).recent == 0

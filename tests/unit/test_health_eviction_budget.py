@@ -144,7 +144,7 @@ def test_a_refused_eviction_that_goes_through_promotes_the_namespaces_next_to_th
         await evictions.reconcile(_key("a", "p1"))  # no retry token left: it went on the shared budget
         assert kube.calls[-1] == "a/p1"
         assert evictions._budget_for(_key("a", "p2")) is evictions.budget
-        assert evictions._pdb_attempts.keys() == {_key("a", "p2")}  # promoted, its retry still to come
+        assert evictions.refusals.attempts.keys() == {_key("a", "p2")}  # promoted, its retry still to come
     asyncio.run(run())
 
 
@@ -212,7 +212,7 @@ def test_drain_node_skips_the_claim_check_only_for_pods_of_the_devices_node(slic
     async def run() -> None:
         clock, kube = Clock(), _NodeDrainKube(guarded="none")
         evictions = _evictions(kube, clock, retry_qps=1)
-        evictions.cache = _Slices(**slice_spec)  # type: ignore[assignment]
+        evictions.reads.cache = _Slices(**slice_spec)  # type: ignore[assignment]
         await evictions.reconcile(_key("a", "p0"))
         assert kube.calls == (["a/p0"] if evicted else [])
     asyncio.run(run())

@@ -1,5 +1,5 @@
 """Fresh reads shared by a burst (kube/next_read.py) and how evictions read their records with them
-(health/evictions.py)."""
+(health/eviction_reads.py)."""
 
 from __future__ import annotations
 
@@ -121,9 +121,10 @@ def test_in_a_burst_records_listed_at_the_cached_version_are_not_read_again() ->
     async def run() -> None:
         kube = _Kube({"a": "1", "b": "1", "c": "2"})
         evictions = _evictions(kube, _Records("a", "b", "c", "d"))
-        a, b, c, d = await asyncio.gather(*(evictions._read_record(n, shared=True) for n in "abcd"))
+        a, b, c, d = await asyncio.gather(*(evictions.reads.record(n, shared=True) for n in "abcd"))
         assert kube.lists == 1
-        assert a is evictions.cache.record("a") and b is evictions.cache.record("b")  # type: ignore[union-attr]
+        cache = evictions.reads.cache
+        assert a is cache.record("a") and b is cache.record("b")  # type: ignore[union-attr]
         # Listed at another version than the cache's: read by name. Not listed: gone.
         assert kube.gets == ["c"] and c is not None and c["metadata"]["resourceVersion"] == "2"
         assert d is None
@@ -134,7 +135,7 @@ def test_a_failed_list_falls_back_to_reading_each_record() -> None:
     async def run() -> None:
         kube = _Kube({"a": "1"}, fail=True)
         evictions = _evictions(kube, _Records("a"))
-        assert (await evictions._read_record("a", shared=True)) is not None
+        assert (await evictions.reads.record("a", shared=True)) is not None
         assert kube.gets == ["a"]
     asyncio.run(run())
 
@@ -143,7 +144,7 @@ def test_a_lone_eviction_reads_its_record_by_name() -> None:
     async def run() -> None:
         kube = _Kube({"a": "1"})
         evictions = _evictions(kube, _Records("a"))
-        assert (await evictions._read_record("a", shared=False)) is not None
+        assert (await evictions.reads.record("a", shared=False)) is not None
         assert (kube.lists, kube.gets) == (0, ["a"])
     asyncio.run(run())
 
@@ -176,7 +177,7 @@ def test_the_counts_flushed_at_shutdown_are_written_several_at_once_and_give_up_
         evictions = _evictions(kube, _Records())
         for i in range(100):
             name = f"r{i}"
-            evictions._evicted[name] = 1
+            evictions.tally.evicted_by_record[name] = 1
             evictions.counts.changed(name, 0.0)
         started = asyncio.get_running_loop().time()
         await evictions.flush_counts(timeout=0.3)
@@ -196,9 +197,9 @@ def test_a_few_evictions_among_many_records_read_theirs_by_name_not_every_record
         many = [f"r{i}" for i in range(3 * RECORD_LIST_ITEMS_PER_GET + 1)]
         kube = _Kube({"r0": "1", "r1": "2"})  # r1 changed since it was cached; r2 is gone
         evictions = _evictions(kube, _Records(*many))
-        r0, r1, r2 = await asyncio.gather(*(evictions._read_record(n, shared=True) for n in ("r0", "r1", "r2")))
+        r0, r1, r2 = await asyncio.gather(*(evictions.reads.record(n, shared=True) for n in ("r0", "r1", "r2")))
         assert kube.lists == 0 and sorted(kube.gets) == ["r0", "r1", "r2"], "one GET each, none twice"
-        assert r0 is evictions.cache.record("r0")  # type: ignore[union-attr]
+        assert r0 is evictions.reads.cache.record("r0")  # type: ignore[union-attr]
         assert r1 is not None and r1["metadata"]["resourceVersion"] == "2"
         assert r2 is None
     asyncio.run(run())

@@ -1,7 +1,7 @@
 """The pools whose derived records are planned (health/sibling_records.py) are queued also when every key is
 queued again without an event: a standby that starts to lead (events it saw while standing by reached no queue)
-and each resync (runtime.enqueue_all). Before, only a slice's or a record's own event queued its pool, so a
-whole device marked just before the leader changed never had its siblings marked."""
+and each resync (Runtime.enqueue_all, runtime/operator.py). Before, only a slice's or a record's own event queued
+its pool, so a whole device marked just before the leader changed never had its siblings marked."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The breaker's window written ahead of each eviction (health/window.py, health/ahead.py) and seeded from a live
-LIST (health/evictions.py): what is merged, what is never lost, and how many writes it takes."""
+LIST (health/eviction_counts.py): what is merged, what is never lost, and how many writes it takes."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -197,14 +198,15 @@ def test_a_deleted_record_stops_its_evictions_and_a_failed_write_fails_every_wai
     assert len(failed) == 3 and all(isinstance(f, ApiError) and f.status == 500 for f in failed)
 
 
-def _evictions(api: _Records, *, breaker_on: bool) -> Evictions:
+def _evictions(api: _Records, *, breaker_on: bool,
+               on_recent: Callable[[str, Recent], None] | None = None) -> Evictions:
     async def post(*_: Any) -> None:
         return None
     settings = breaker.Settings(max_pods=3) if breaker_on else breaker.Settings(max_fraction=1.0)
     return Evictions(kube=api, cache=None, post_event=post, on_evicted=lambda *_: None,  # type: ignore[arg-type]
                      breaker_settings=settings, budget=FairBudget(TokenBucket(qps=0, burst=1)),
                      retry_budget=FairBudget(TokenBucket(qps=0, burst=1)),
-                     decide=lambda driver: breaker.Decision(driver=driver))
+                     decide=lambda driver: breaker.Decision(driver=driver), on_recent=on_recent)
 
 
 def test_a_new_leader_seeds_from_one_live_list_not_from_its_stale_cache() -> None:
@@ -222,7 +224,7 @@ def test_a_new_leader_seeds_from_one_live_list_not_from_its_stale_cache() -> Non
         await evictions.seed()
         assert api.lists == 1, "one LIST, once"
         assert evictions.evicted(stale) == 2 and [r.pod for r in evictions.recent(stale)] == ["ns/a", "ns/b"]
-        await evictions._write_ahead(stale, window.entry("ns/c", moment))
+        await evictions.tally.write_ahead(stale, window.entry("ns/c", moment))
         return api, evictions, stale
 
     api, evictions, stale = asyncio.run(run())
@@ -239,9 +241,8 @@ def test_counts_started_from_the_cache_before_the_live_list_take_in_what_the_lis
         moment = datetime.now(UTC)
         api = _Records(r={"podsEvicted": 2, "recentEvictions": [{"pod": "ns/a", "at": format_rfc3339(moment)},
                                                                 {"pod": "ns/b", "at": format_rfc3339(moment)}]})
-        evictions = _evictions(api, breaker_on=True)
         told: list[str] = []
-        evictions._on_recent = lambda name, entry: told.append(entry.pod)
+        evictions = _evictions(api, breaker_on=True, on_recent=lambda name, entry: told.append(entry.pod))
         stale = _record("r", {"podsEvicted": 1, "recentEvictions": [{"pod": "ns/a", "at": format_rfc3339(moment)}]})
         assert [r.pod for r in evictions.recent(stale)] == ["ns/a"]
         await evictions.seed()

@@ -28,9 +28,9 @@ async def _silent_peer() -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
-def _kube(port: int, timeout: float) -> Kube:
+def _kube(port: int, timeout: float, fence: Callable[[], float] | None = None) -> Kube:
     configuration = aio.Configuration(host=f"http://127.0.0.1:{port}")
-    return Kube(aio.ApiClient(configuration), request_timeout=timeout)
+    return Kube(aio.ApiClient(configuration), request_timeout=timeout, fence=fence)
 
 
 @pytest.mark.parametrize("call", ["evict", "get"])
@@ -270,8 +270,8 @@ def test_a_write_that_waited_in_the_budget_until_the_fence_shut_is_not_sent() ->
     sent: list[tuple[str, float]] = []
 
     async def scenario() -> list[object]:
-        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), qps=5, burst=1)
-        kube.fence = fence = Fence()
+        fence = Fence()
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), qps=5, burst=1, fence=fence)
         _recording(kube, sent)
 
         async def shut() -> None:
@@ -298,8 +298,7 @@ def test_a_credentials_reload_that_outlasts_the_fence_sends_nothing() -> None:
 
     async def scenario() -> None:
         kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), reload=reload,
-                    expires_at=datetime.now(UTC) - timedelta(seconds=1))
-        kube.fence = fence
+                    expires_at=datetime.now(UTC) - timedelta(seconds=1), fence=fence)
         _recording(kube, sent)
         try:
             with pytest.raises(NotLeader):
@@ -320,8 +319,7 @@ def test_the_retry_after_a_401_asks_the_fence_again() -> None:
         return aio.Configuration(host="http://127.0.0.1:9"), None
 
     async def scenario() -> None:
-        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), reload=reload)
-        kube.fence = fence
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), reload=reload, fence=fence)
         _recording(kube, sent, [ApiError(401, "Unauthorized", "token expired")])
         try:
             with pytest.raises(NotLeader):
@@ -337,13 +335,13 @@ def test_a_write_gets_no_more_time_than_the_fence_has_left_reads_and_the_lease_g
     sent: list[tuple[str, float]] = []
 
     async def scenario() -> None:
-        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), request_timeout=30)
-        kube.fence = Fence(4.5)
+        fence = Fence(4.5)
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), request_timeout=30, fence=fence)
         _recording(kube, sent)
         await kube.request("POST", "/a", {})
         await kube.request("GET", "/a")
         await kube.request("PUT", "/lease", {}, unfenced=True)
-        kube.fence = Fence(0)
+        fence.seconds = 0
         await kube.request("GET", "/a")
         await kube.request("PUT", "/lease", {}, unfenced=True)
         with pytest.raises(NotLeader):
@@ -357,8 +355,7 @@ def test_a_write_gets_no_more_time_than_the_fence_has_left_reads_and_the_lease_g
 def test_a_write_without_an_answer_gives_up_when_the_fence_would_shut() -> None:
     async def scenario() -> None:
         server, port = await _silent_peer()
-        kube = _kube(port, 30)
-        kube.fence = Fence(0.31234)  # the time left is rarely round: say it in 3 digits
+        kube = _kube(port, 30, fence=Fence(0.31234))  # the time left is rarely round: say it in 3 digits
         began = time.monotonic()
         try:
             with pytest.raises(ApiTimeout, match=r"no answer within 0\.312 s"):

@@ -7,18 +7,9 @@ from typing import Any
 import pytest
 
 from claimwarden.claims import podgroups
-from claimwarden.claims.plan import ClaimProblem, PodPlan, RecordClaim, ReserveClaim, plan_pod
-from claimwarden.claims.podgroups import (
-    CreateGroupClaim,
-    GroupClaimProblem,
-    GroupView,
-    PodGroupPlan,
-    RecordGroupClaim,
-    build_podgroup_claim,
-    group_entry_for,
-    group_status_entries,
-    plan_podgroup,
-)
+from claimwarden.claims.generation import ClaimPlan, ClaimProblem, CreateClaim, RecordClaim, status_entries
+from claimwarden.claims.plan import PodPlan, ReserveClaim, plan_pod
+from claimwarden.claims.podgroups import GroupView, build_podgroup_claim, group_entry_for, plan_podgroup
 from claimwarden.objects.claims import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from claimwarden.reservations.plan import plan_claim
 
@@ -117,7 +108,7 @@ def test_long_podgroup_and_claim_names_are_truncated_like_pod_claims() -> None:
 
 def test_a_template_entry_without_a_claim_is_created_once() -> None:
     plan = plan_podgroup(podgroup(), {}, [], {"gpu": TEMPLATE})
-    assert plan == PodGroupPlan(create=(CreateGroupClaim("gpu", "gpu"),))
+    assert plan == ClaimPlan(create=(CreateClaim("gpu", "gpu"),))
 
 
 def test_a_recorded_claim_the_group_controls_needs_nothing() -> None:
@@ -129,7 +120,7 @@ def test_a_recorded_claim_the_group_controls_needs_nothing() -> None:
 def test_a_claim_created_but_not_recorded_is_recorded_not_created_again() -> None:
     older, newer = group_claim("team-gpu-aaaaa"), group_claim("team-gpu-bbbbb", created="2026-01-02T00:00:00Z")
     plan = plan_podgroup(podgroup(), {}, [newer, older], {"gpu": TEMPLATE})
-    assert plan == PodGroupPlan(record=(RecordGroupClaim("gpu", "team-gpu-aaaaa"),))
+    assert plan == ClaimPlan(record=(RecordClaim("gpu", "team-gpu-aaaaa"),))
 
 
 def test_a_recorded_claim_that_is_gone_or_owned_by_another_group_is_created_anew() -> None:
@@ -141,7 +132,7 @@ def test_a_recorded_claim_that_is_gone_or_owned_by_another_group_is_created_anew
 
 def test_a_missing_template_is_a_problem_with_upstreams_text() -> None:
     plan = plan_podgroup(podgroup(), {}, [], {})
-    assert plan == PodGroupPlan(problems=(GroupClaimProblem(
+    assert plan == ClaimPlan(problems=(ClaimProblem(
         "gpu", 'resource claim template "gpu": resourceclaimtemplate.resource.k8s.io "gpu" not found'),))
 
 
@@ -156,7 +147,7 @@ def test_status_entries_keep_every_entry_of_this_manager() -> None:
                       {"name": "nic", "resourceClaimTemplateName": "nic"},
                       {"name": "shared", "resourceClaimName": "shared"}],
                      statuses=[{"name": "nic", "resourceClaimName": "team-nic-xxxxx"}])
-    assert group_status_entries(group, {"gpu": "team-gpu-aaaaa"}, {}) == [
+    assert status_entries(group, {"gpu": "team-gpu-aaaaa"}, {}) == [
         {"name": "gpu", "resourceClaimName": "team-gpu-aaaaa"},
         {"name": "nic", "resourceClaimName": "team-nic-xxxxx"}]
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
+
+import pytest
+from kubernetes.aio import client as aio
 
 from claimwarden.cache import POD_BY_PODGROUP, Cache, index_views
 from claimwarden.cli import ALL_CONTROLLERS
 from claimwarden.handoff.controller import HandoffSettings
 from claimwarden.health.controller import HealthSettings
+from claimwarden.health.records import DeviceRef
+from claimwarden.kube.api import Kube
+from claimwarden.kube.errors import NotLeader
+from claimwarden.leader.elector import ElectionSettings
 from claimwarden.runtime import assembly
 from claimwarden.runtime.operator import Runtime
 from claimwarden.runtime.workqueue import WorkQueue
@@ -80,3 +88,60 @@ def test_start_leads_at_once_without_an_elector_and_runs_the_election_with_one()
         return alone.leading, elected.leading, elected.election.done()
 
     assert asyncio.run(scenario()) == (True, False, True)
+
+
+def _connect_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kube.connect without a kubeconfig: a client of nothing, built with what build_runtime hands it."""
+    async def connect(*_: Any, fence: Callable[[], float] | None = None, **__: Any) -> Kube:
+        return Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), fence=fence)
+
+    monkeypatch.setattr(assembly.Kube, "connect", staticmethod(connect))
+
+
+def test_writes_are_fenced_by_the_elector_from_construction_and_never_without_an_election(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _connect_offline(monkeypatch)
+
+    async def scenario(election: ElectionSettings | None) -> tuple[Runtime, bool]:
+        runtime = await assembly.build_runtime(settings=_settings(controllers=("claims",), election=election),
+                                               cache=_cache([]), kopf_state=None, signals=False)  # type: ignore[arg-type]
+        try:
+            runtime.kube._time_for(True, "POST", "/x")
+            refused = False
+        except NotLeader:
+            refused = True
+        await runtime.kube.close()
+        if runtime.elector is not None:
+            await runtime.elector.kube.close()
+        return runtime, refused
+
+    elected, refused = asyncio.run(scenario(ElectionSettings(namespace="cw", identity="me")))
+    assert elected.elector is not None and refused, "a standby (not leading yet) sends no write"
+    alone, refused = asyncio.run(scenario(None))
+    assert alone.elector is None and not refused
+
+
+def test_the_hand_off_is_the_signals_repair_gate_from_construction_and_queues_their_devices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _connect_offline(monkeypatch)
+
+    async def no_tasks(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(assembly, "_start_health_tasks", no_tasks)
+
+    async def scenario(signals: bool) -> Runtime:
+        runtime = await assembly.build_runtime(settings=_settings(controllers=("health",)), cache=_cache([]),
+                                               kopf_state=None, signals=signals)  # type: ignore[arg-type]
+        await runtime.kube.close()
+        return runtime
+
+    runtime = asyncio.run(scenario(True))
+    assert runtime.signals is not None and runtime.handoff is not None
+    assert runtime.signals.repair_gate is runtime.handoff
+    ref = DeviceRef("gpu.example.com", "node-0", "gpu-0")
+    assert runtime.handoff.on_cleared is not None
+    runtime.handoff.on_cleared(ref)
+    assert _keys(runtime.signals.queue) == [ref]
+    without = asyncio.run(scenario(False))
+    assert without.signals is None and without.handoff is not None and without.handoff.on_cleared is None

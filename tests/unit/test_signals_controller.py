@@ -226,19 +226,20 @@ def test_a_verified_clear_stamped_by_a_clock_behind_covers_what_the_record_showe
 
 def test_the_fleet_view_counts_devices_by_signal() -> None:
     _, _, controller = _setup(None)
+    fleet = controller.fleet
     from claimwarden.signals.observations import UNHEALTHY, Observation
     at = timestamps.now()
 
     def fault(value: str, seconds: int) -> Observation:
         return Observation("DriverTaint", KEY, value, UNHEALTHY, at - timedelta(seconds=seconds), f"{value}@{seconds}")
 
-    controller._set_fleet(REF, [fault("79", 10), fault("48", 100)])
+    fleet.replace(REF, [fault("79", 10), fault("48", 100)])
     other = DeviceRef(DRIVER, POOL, "gpu-1")
-    controller._set_fleet(other, [fault("79", 50)])
-    assert controller._fleet_count("DriverTaint", KEY, "79", at - timedelta(seconds=60)) == 2
-    assert controller._fleet_count("DriverTaint", KEY, "79", at - timedelta(seconds=20)) == 1
-    assert controller._fleet_count("DriverTaint", KEY, "48", at - timedelta(seconds=60)) == 0
-    assert controller._fleet_devices("DriverTaint", KEY) == [REF, other]
-    controller._set_fleet(REF, [])
-    assert controller._fleet_count("DriverTaint", KEY, "79", at - timedelta(seconds=60)) == 1
-    assert controller._fleet_devices("DriverTaint", KEY) == [other]
+    fleet.replace(other, [fault("79", 50)])
+    assert fleet.count("DriverTaint", KEY, "79", at - timedelta(seconds=60)) == 2
+    assert fleet.count("DriverTaint", KEY, "79", at - timedelta(seconds=20)) == 1
+    assert fleet.count("DriverTaint", KEY, "48", at - timedelta(seconds=60)) == 0
+    assert fleet.devices("DriverTaint", KEY) == [REF, other]
+    fleet.replace(REF, [])
+    assert fleet.count("DriverTaint", KEY, "79", at - timedelta(seconds=60)) == 1
+    assert fleet.devices("DriverTaint", KEY) == [other]

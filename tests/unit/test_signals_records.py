@@ -1,4 +1,5 @@
-"""The signal record's name, status shape and patches (signals/records.py, signals/controller.py's pure parts)."""
+"""The signal record's name, status shape and patches (signals/records.py, signals/keeping.py,
+signals/record_writes.py)."""
 
 from __future__ import annotations
 

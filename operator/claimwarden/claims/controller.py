@@ -23,7 +23,7 @@ from ..objects.claims import (
 from ..objects.meta import is_being_deleted
 from ..objects.pods import PodView, resolve_claim_names
 from ..runtime.workqueue import Retry, WorkQueue
-from . import plan
+from . import generation, plan
 from .creations import (
     APPLIED_FRESH,
     Recents,
@@ -160,7 +160,7 @@ class ClaimsController:
             template = sources[create.template_name]
             if template is None:
                 failures.append(f"PodResourceClaim {create.pod_claim_name}: "
-                                f"{plan.missing_template_message(create.template_name)}")
+                                f"{generation.missing_template_message(create.template_name)}")
                 continue
             try:
                 created = await self._create(pod, create, template)
@@ -171,7 +171,7 @@ class ClaimsController:
             recorded[create.pod_claim_name] = created["metadata"]["name"]
         if recorded:
             applied_at, applied, version = self._applied.get(uid, (0.0, {}, ""))
-            entries = plan.claim_status_entries(pod, recorded, applied)
+            entries = generation.status_entries(pod, recorded, applied)
             wanted = {e["name"]: e["resourceClaimName"] for e in entries}
             if plan.status_apply_due(wanted, applied, version, str(pod["metadata"].get("resourceVersion") or ""),
                                      time.monotonic() - applied_at, fresh=APPLIED_FRESH):

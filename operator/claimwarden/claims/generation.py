@@ -32,11 +32,6 @@ class EntryAction:
 
     pod_claim_name: str
 
-    @property
-    def entry_name(self) -> str:
-        """The same name, as the PodGroup's code calls it (the group's entry)."""
-        return self.pod_claim_name
-
 
 @dataclass(frozen=True)
 class CreateClaim(EntryAction):

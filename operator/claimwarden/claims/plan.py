@@ -32,7 +32,6 @@ from .generation import (
     age_order,
     generated_claim,
     missing_template_message,
-    status_entries,
 )
 from .podgroups import (
     GroupView,
@@ -338,12 +337,6 @@ def _can_reserve(claim: dict[str, Any], entry: ResolvedClaim, pod: dict[str, Any
 
 
 # --- the pod's status ----------------------------------------------------------------------------
-
-def claim_status_entries(pod: dict[str, Any], recorded: Mapping[str, str],
-                         applied: Mapping[str, str]) -> list[dict[str, str]]:
-    """Every `status.resourceClaimStatuses` entry claimwarden keeps for the pod (``generation.status_entries``)."""
-    return status_entries(pod, recorded, applied)
-
 
 def recreates(pod: dict[str, Any], pod_plan: PodPlan) -> bool:
     """True when the plan creates a claim again: the pod's status already names one for that pod claim.

@@ -14,8 +14,9 @@ from .. import metrics
 from ..cache import Body, Cache
 from ..kube.api import Kube
 from ..kube.errors import ApiError
+from ..objects.pods import claim_statuses
 from ..runtime.workqueue import Retry, WorkQueue
-from . import podgroups
+from . import generation, podgroups
 from .creations import (
     APPLIED_FRESH,
     Recents,
@@ -72,7 +73,7 @@ class PodGroupsController:
         uid = podgroup["metadata"].get("uid", "")
         owned = self.owned_claims(namespace, uid)
         claims = {c["metadata"]["name"]: c for c in owned}
-        for entry in podgroups.group_claim_statuses(podgroup).values():
+        for entry in claim_statuses(podgroup).values():
             claim_name = entry.get("resourceClaimName")
             if claim_name and claim_name not in claims and (found := self.cache.claim(namespace, claim_name)):
                 claims[claim_name] = found
@@ -81,30 +82,30 @@ class PodGroupsController:
         group_plan = podgroups.plan_podgroup(podgroup, claims, owned, templates)
         sources = await complete_templates(self.kube, namespace, templates,
                                            {c.template_name for c in group_plan.create})
-        recorded = {r.entry_name: r.claim_name for r in group_plan.record}
-        failures = [f"PodGroupResourceClaim {p.entry_name}: {p.message}" for p in group_plan.problems]
+        recorded = {r.pod_claim_name: r.claim_name for r in group_plan.record}
+        failures = [f"PodGroupResourceClaim {p.pod_claim_name}: {p.message}" for p in group_plan.problems]
         for create in group_plan.create:
             template = sources[create.template_name]
             if template is None:
-                failures.append(f"PodGroupResourceClaim {create.entry_name}: "
-                                f"{podgroups.missing_template_message(create.template_name)}")
+                failures.append(f"PodGroupResourceClaim {create.pod_claim_name}: "
+                                f"{generation.missing_template_message(create.template_name)}")
                 continue
-            body = podgroups.build_podgroup_claim(podgroup, create.entry_name, template, self.api_version)
+            body = podgroups.build_podgroup_claim(podgroup, create.pod_claim_name, template, self.api_version)
             try:
                 created = await self.kube.create_claim(namespace, body)
             except ApiError as exc:
                 metrics.CLAIM_CREATIONS.labels("failure").inc()
-                failures.append(f"PodGroupResourceClaim {create.entry_name}: create ResourceClaim: {exc.message}")
+                failures.append(f"PodGroupResourceClaim {create.pod_claim_name}: create ResourceClaim: {exc.message}")
                 continue
             metrics.CLAIM_CREATIONS.labels("success").inc()
             claim_name = created["metadata"]["name"]
             remember_created(self._recent, uid, created)
-            recorded[create.entry_name] = claim_name
+            recorded[create.pod_claim_name] = claim_name
             log.info("PodGroup %s/%s: created ResourceClaim %s from template %s for its claim %s", namespace, name,
-                     claim_name, create.template_name, create.entry_name)
+                     claim_name, create.template_name, create.pod_claim_name)
         if recorded:
             applied_at, applied = self._applied.get(uid, (0.0, {}))
-            entries = podgroups.group_status_entries(podgroup, recorded, applied)
+            entries = generation.status_entries(podgroup, recorded, applied)
             wanted = {e["name"]: e["resourceClaimName"] for e in entries}
             if wanted != applied or time.monotonic() - applied_at > APPLIED_FRESH:
                 await self.kube.apply_podgroup_claim_statuses(self.version, namespace, name, entries)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from claimwarden.objects.claims import pod_claim_name_of, reserved_for
-from claimwarden.objects.meta import is_being_deleted, metadata, spec, status
+from claimwarden.objects.meta import is_being_deleted, metadata, spec
+from claimwarden.objects.pods import claim_statuses
 
 from . import generation
 from .generation import ClaimPlan, ClaimProblem, CreateClaim, RecordClaim, missing_template_message
@@ -131,19 +132,7 @@ def build_podgroup_claim(podgroup: dict[str, Any], claim_entry_name: str, templa
     return generation.generated_claim(podgroup, claim_entry_name, template, owner)
 
 
-# --- the PodGroup's own plan ------------------------------------------------------------------------
-
-# The PodGroup's plan has the pod plan's shape (generation.py); these are its names in the PodGroup's code.
-CreateGroupClaim = CreateClaim
-RecordGroupClaim = RecordClaim
-GroupClaimProblem = ClaimProblem
-PodGroupPlan = ClaimPlan
-
-
-def group_claim_statuses(podgroup: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The PodGroup's status.resourceClaimStatuses keyed by entry name."""
-    return {e["name"]: e for e in status(podgroup).get("resourceClaimStatuses") or [] if e.get("name")}
-
+# --- the PodGroup's own plan (the pod plan's shape: generation.py) ----------------------------------
 
 def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]],
                   owned_claims: Sequence[dict[str, Any]], templates: Mapping[str, dict[str, Any]]) -> ClaimPlan:
@@ -156,7 +145,7 @@ def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]]
     if is_being_deleted(podgroup):
         return ClaimPlan()
     uid = str(metadata(podgroup).get("uid") or "")
-    recorded = group_claim_statuses(podgroup)
+    recorded = claim_statuses(podgroup)
     create: list[CreateClaim] = []
     record: list[RecordClaim] = []
     problems: list[ClaimProblem] = []
@@ -180,13 +169,6 @@ def plan_podgroup(podgroup: dict[str, Any], claims: Mapping[str, dict[str, Any]]
         else:
             create.append(CreateClaim(name, str(template_name)))
     return ClaimPlan(tuple(create), tuple(record), tuple(problems))
-
-
-def group_status_entries(podgroup: dict[str, Any], recorded: Mapping[str, str],
-                         applied: Mapping[str, str]) -> list[dict[str, str]]:
-    """Every ``status.resourceClaimStatuses`` entry claimwarden keeps for the PodGroup, as for pods
-    (``generation.status_entries``)."""
-    return generation.status_entries(podgroup, recorded, applied)
 
 
 # --- what a member pod needs from its group -----------------------------------------------------------

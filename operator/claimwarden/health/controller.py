@@ -38,9 +38,8 @@ from ..objects.pods import PodView
 from ..runtime.workqueue import WorkQueue
 from ..timestamps import now
 from . import breaker, node_drain, plan, records
-from .admission import AdmissionPolicies
 from .approval_judge import ApprovalJudge
-from .breaker_view import Breakers, BreakerView
+from .breaker_view import Breakers
 from .budget import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_RETRY_QPS, RETRY_BURST, FairBudget, TokenBucket
 from .device_sync import QUARANTINE_EFFECTS, DeviceSync
 from .evictions import Evictions
@@ -120,15 +119,6 @@ class HealthController:
         # once one copy was seen it stays true; until then all claims are scanned now and then.
         self._copies_tolerations = False
         self._copies_scanned = -COPIES_RESCAN
-
-    @property
-    def admission(self) -> AdmissionPolicies:
-        return self.approvals.admission
-
-    @property
-    def breaker_view(self) -> BreakerView:
-        """The breaker's per-driver totals (breaker_view.py)."""
-        return self.breakers.view
 
     @property
     def slice_queue(self) -> WorkQueue:
@@ -246,12 +236,6 @@ class HealthController:
 
     def record_effects(self) -> list[str]:
         return [records.record_effect(r) for r in self.cache.records()]
-
-    # --- the breaker (breaker.py decides) -----------------------------------------------------
-
-    def decision(self, driver: str) -> breaker.Decision:
-        """The breaker's decision for the driver now, over all its NoExecute records (breaker_view.py)."""
-        return self.breakers.decision(driver)
 
     # --- records ------------------------------------------------------------------------------
 

@@ -86,7 +86,6 @@ class Evictions:
         self._pump_handle: asyncio.TimerHandle | None = None
         self._post_event = post_event
         self._on_evicted = on_evicted
-        self._on_recent = on_recent
         self.room = BreakerRoom(settings=breaker_settings, decide=decide,
                                 approved=approved or (lambda _record: None), on_paused=on_paused)
         self.refusals = Refusals()
@@ -96,19 +95,10 @@ class Evictions:
         self._evicted_pods: dict[str, float] = {}
         self.tally = EvictionCounts(kube=kube, window=breaker_settings.window,
                                     write_ahead=decide is not None and breaker_settings.enabled,
-                                    on_recent=self._tell_recent)
+                                    on_recent=on_recent or (lambda _record, _entry: None))
         self.ahead = self.tally.ahead  # None with the breaker off
         self.counts = self.tally.writes
         self.events = EventPoster(post_event, hold=lambda: self.queue.busy)
-
-    @property
-    def cache(self) -> Cache | None:
-        """The cache the reads before each eviction use (None in unit tests: every object is read from the API)."""
-        return self.reads.cache
-
-    @cache.setter
-    def cache(self, cache: Cache | None) -> None:
-        self.reads.cache = cache
 
     def schedule(self, record_name: str, eviction: plan.Eviction, moment: datetime.datetime) -> None:
         key: EvictionKey = (record_name, eviction.namespace, eviction.pod, eviction.uid, eviction.claim)
@@ -144,19 +134,6 @@ class Evictions:
         deadline = time.monotonic() + timeout
         await self.tally.flush(timeout)
         await self.events.drain(max(deadline - time.monotonic(), 0.0))
-
-    @property
-    def _evicted(self) -> dict[str, int]:
-        """record -> pods evicted for it (eviction_counts.py)."""
-        return self.tally.evicted_by_record
-
-    async def _write_ahead(self, record: Body, entry: breaker.Recent) -> None:
-        """Store the eviction's entry in the record before the call (eviction_counts.py, window.py)."""
-        await self.tally.write_ahead(record, entry)
-
-    def _tell_recent(self, record_name: str, entry: breaker.Recent) -> None:
-        if self._on_recent is not None:  # (read at each call: tests set it after construction)
-            self._on_recent(record_name, entry)
 
     def evicted_pods(self) -> AbstractSet[str]:
         """UIDs of the pods this process evicted in the last EVICTED_MEMORY_SECONDS (a live view, not a copy:
@@ -229,7 +206,7 @@ class Evictions:
 
         if self.ahead is not None and not counted:
             try:
-                await self._write_ahead(record, window.entry(pod_ref, now()))
+                await self.tally.write_ahead(record, window.entry(pod_ref, now()))
             except RecordGone:
                 let_go()
                 self.refusals.done(key)
@@ -290,11 +267,6 @@ class Evictions:
         """The retry budget for a key whose last call a PodDisruptionBudget refused; the shared one otherwise."""
         return self.retry_budget if self.refusals.takes_retry_budget(key) else self.budget
 
-    @property
-    def _pdb_attempts(self) -> dict[Hashable, int]:
-        """key -> refusals in a row (refusals.py)."""
-        return self.refusals.attempts
-
     def _promote_next(self, namespace: str) -> None:
         """A refused eviction of the namespace went through: its next one goes at once (refusals.py)."""
         key = self.refusals.promote_next(namespace)
@@ -350,10 +322,6 @@ class Evictions:
                 raise Requeue(CONFLICT_RETRY, "conflict") from None
             raise
         return fresh
-
-    async def _read_record(self, name: str, *, shared: bool) -> Body | None:
-        """The record as it is now in the API (eviction_reads.py)."""
-        return await self.reads.record(name, shared=shared)
 
     def _remember_evicted(self, uid: str) -> None:
         moment = time.monotonic()

@@ -6,10 +6,10 @@ handlers), so the planning functions never see client models.
 Every request has a total timeout (`REQUEST_TIMEOUT` unless told otherwise): a request that gets
 no complete answer in time raises `ApiTimeout`, an `ApiError` the work queues retry with back-off.
 
-Writes are fenced: with leader election, `Kube.fence` says how many seconds this replica may still
-send writes (leader/elector.py explains the margin it keeps). A write may wait before it is sent (the
-client-side budget, a credentials reload, the 401 retry, a pooled connection), so the fence is asked
-again right before each send, and the write gets no more time than the fence has left: a write not
+Writes are fenced: with leader election, the `fence` a `Kube` is built with says how many seconds this
+replica may still send writes (leader/elector.py explains the margin it keeps). A write may wait before it
+is sent (the client-side budget, a credentials reload, the 401 retry, a pooled connection), so the fence is
+asked again right before each send, and the write gets no more time than the fence has left: a write not
 sent by then is not sent at all (`NotLeader`, or `ApiTimeout` while waiting for a connection).
 
 Credentials expire: exec plugins hand out short-lived tokens, bound ServiceAccount tokens die
@@ -86,14 +86,17 @@ class Kube:
 
     def __init__(self, api_client: aio.ApiClient, *, reload: Reload | None = None,
                  expires_at: datetime.datetime | None = None, request_timeout: float = REQUEST_TIMEOUT,
-                 user_agent: str = FIELD_MANAGER, qps: float = UNLIMITED, burst: int = 1) -> None:
+                 user_agent: str = FIELD_MANAGER, qps: float = UNLIMITED, burst: int = 1,
+                 fence: Callable[[], float] | None = None) -> None:
+        """`fence`: seconds this replica may still send writes (the elector's ``write_time_left``); None without
+        leader election: writes are never fenced."""
         self.api_client = api_client
         self.request_timeout = request_timeout
         self.user_agent = user_agent
         api_client.user_agent = user_agent
-        # Seconds this replica may still send writes (the leader's fence; the leader election's own writes
-        # are not fenced). Asked right before each send: 0 or less refuses the write (NotLeader).
-        self.fence: Callable[[], float] = lambda: math.inf
+        # Asked right before each send: 0 or less refuses the write (NotLeader). The leader election's own
+        # writes are not fenced (`unfenced`).
+        self._fence: Callable[[], float] = fence if fence is not None else (lambda: math.inf)
         self._reload = reload  # None in unit tests: the credentials are then never reloaded
         self._loaded_at = _utcnow()
         self._expires_at = expires_at
@@ -105,8 +108,10 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | None, in_cluster: bool, *,
                       request_timeout: float = REQUEST_TIMEOUT, user_agent: str = FIELD_MANAGER,
-                      qps: float = UNLIMITED, burst: int = 1, connections: int = CONNECTION_POOL) -> Kube:
-        """`connections`: at most this many requests at once (HTTP/1.1: one connection each)."""
+                      qps: float = UNLIMITED, burst: int = 1, connections: int = CONNECTION_POOL,
+                      fence: Callable[[], float] | None = None) -> Kube:
+        """`connections`: at most this many requests at once (HTTP/1.1: one connection each); `fence`: as for
+        the constructor."""
         async def reload() -> Credentials:
             configuration, expires_at = await aio_configuration(kubeconfig, in_cluster)
             configuration.connection_pool_maxsize = connections
@@ -120,7 +125,7 @@ class Kube:
 
         configuration, expires_at = await reload()
         return cls(aio.ApiClient(configuration), reload=reload, expires_at=expires_at,
-                   request_timeout=request_timeout, user_agent=user_agent, qps=qps, burst=burst)
+                   request_timeout=request_timeout, user_agent=user_agent, qps=qps, burst=burst, fence=fence)
 
     async def close(self) -> None:
         for task in self._retired:
@@ -162,7 +167,7 @@ class Kube:
         still holds; NotLeader when it holds no more."""
         if not fenced:
             return self.request_timeout
-        left = self.fence()
+        left = self._fence()
         if left <= 0:
             raise NotLeader(method, path)
         return min(self.request_timeout, left)

@@ -75,7 +75,7 @@ def pod_claim_names(pod: dict[str, Any]) -> list[str]:
 
 
 def claim_statuses(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod's status.resourceClaimStatuses keyed by pod claim name."""
+    """The pod's (or its PodGroup's: the same field) status.resourceClaimStatuses keyed by pod claim name."""
     entries = status(pod).get("resourceClaimStatuses") or []
     return {entry["name"]: entry for entry in entries if entry.get("name")}
 

@@ -41,7 +41,7 @@ from ..objects.claims import (
     reserved_for,
 )
 from ..objects.meta import is_being_deleted
-from ..objects.pods import PodView, pod_uid
+from ..objects.pods import PodView, claim_statuses, pod_uid
 from ..runtime.workqueue import Requeue, WorkQueue
 from . import plan
 
@@ -139,7 +139,7 @@ class ReservationsController:
             return
         names = {str(e["resourceClaimName"]) for e in (podgroup.get("spec") or {}).get("resourceClaims") or []
                  if e.get("resourceClaimName")}
-        names |= {str(e["resourceClaimName"]) for e in podgroups.group_claim_statuses(podgroup).values()
+        names |= {str(e["resourceClaimName"]) for e in claim_statuses(podgroup).values()
                   if e.get("resourceClaimName")}
         uid = (podgroup.get("metadata") or {}).get("uid", "")
         names |= {c["metadata"]["name"] for c in self.cache.claims_owned_by_podgroup(namespace, uid)}

@@ -1,11 +1,12 @@
 """Building the runtime at start-up: which controllers run, what each is handed, which queues get workers.
 
-Every collaborator is passed in at construction, in the order the controllers need each other:
-PodGroups before claims (a pod's plan reads its group's claims), health before reservations (a
-claim's release waits for health's eviction wave) and before the hand-off, and the elector before
-the runtime. The only late binding is in callbacks that are resolved when they are called (noted
-where it happens). Nothing here watches or reconciles: `app.py` calls `build_runtime` once from
-Kopf's start-up hook, and `Runtime.start` then leads or runs the election.
+Every collaborator is passed in at construction, in the order the controllers need each other: the
+elector first (it fences the Kube's writes), PodGroups before claims (a pod's plan reads its group's
+claims), health before reservations (a claim's release waits for health's eviction wave) and before
+the hand-off, and the hand-off before the signals (a verified clear waits for its repair). The only
+late binding is in callbacks that are resolved when they are called (noted where it happens).
+Nothing here watches or reconciles: `app.py` calls `build_runtime` once from Kopf's start-up hook,
+and `Runtime.start` then leads or runs the election.
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ async def build_runtime(*, settings: RunSettings, cache: Cache, kopf_state: Kopf
     `signals`: the HealthPolicy CRD is installed (its index was registered), so signals run with health.
     """
     identity = settings.election.identity if settings.election else "standalone"
+    # `runtime` is bound at the end; the elector calls `lead` only once its loop runs (Runtime.start).
+    elector = await _elector(settings=settings, identity=identity, lead=lambda: runtime.lead())
     kube = await Kube.connect(settings.kubeconfig, in_cluster() and not settings.kubeconfig,
                               request_timeout=settings.request_timeout,
                               user_agent=f"claimwarden/{__version__} ({identity})",
                               qps=settings.api_qps, burst=settings.api_burst,
                               # The claims' workers and the evictions' at once, each with its request.
-                              connections=max(CONNECTION_POOL, settings.workers + settings.health.workers))
+                              connections=max(CONNECTION_POOL, settings.workers + settings.health.workers),
+                              # Writes only while this replica may (leader/elector.py); without an election, always.
+                              fence=elector.write_time_left if elector is not None else None)
     loops: list[Loop] = []
 
     def loop(queue: WorkQueue, reconcile: Reconcile, workers: int = settings.workers) -> None:
@@ -71,16 +76,19 @@ async def build_runtime(*, settings: RunSettings, cache: Cache, kopf_state: Kopf
         loop(health.siblings.queue, health.siblings.reconcile)
         loop(health.record_queue, health.reconcile_record, workers)
         loop(health.eviction_queue, health.evictions.reconcile, workers)
+
+        def signals_again(ref: records.DeviceRef) -> None:
+            # The hand-off and the signals need each other (a cleared repair queues the device's signals; a
+            # verified clear waits for the repair): `signals_controller` is bound just below, before either runs.
+            assert signals_controller is not None
+            signals_controller.enqueue(ref)
+
+        handoff = HandoffController(cache=cache, kube=kube, settings=settings.handoff,
+                                    on_cleared=signals_again if signals else None)
         if signals:
-            signals_controller = SignalsController(cache=cache, kube=kube)
+            signals_controller = SignalsController(cache=cache, kube=kube, repair_gate=handoff)
             loop(signals_controller.queue, signals_controller.reconcile, workers)
             loop(signals_controller.statuses.queue, signals_controller.statuses.reconcile, 1)
-        handoff = HandoffController(cache=cache, kube=kube, settings=settings.handoff,
-                                    on_cleared=signals_controller.enqueue if signals_controller is not None else None)
-        if signals_controller is not None:
-            # Set here because the two need each other (the hand-off queues a cleared device's signals);
-            # the signals controller takes no gate at construction yet.
-            signals_controller.repair_gate = handoff
         loop(handoff.queue, handoff.reconcile, workers)
     reservations = None
     if "reservations" in settings.controllers:
@@ -88,10 +96,6 @@ async def build_runtime(*, settings: RunSettings, cache: Cache, kopf_state: Kopf
             cache, kube, health.quarantined if health else None, podgroup_version=settings.podgroup_version,
             held=health.release_held if health else None, kept=health.keeps_allocation if health else None)
         loop(reservations.queue, reservations.reconcile)
-    # `runtime` is bound just below; the elector calls `lead` only once its loop runs (Runtime.start).
-    elector = await _elector(settings=settings, identity=identity, lead=lambda: runtime.lead())
-    if elector is not None:
-        kube.fence = elector.write_time_left  # Kube.connect takes no fence
     runtime = Runtime(cache=cache, kube=kube, workers_per_queue=settings.workers,
                       resync_seconds=settings.resync_seconds, kopf_state=kopf_state, claims=claims,
                       podgroups=podgroups, reservations=reservations, health=health, signals=signals_controller,
@@ -143,10 +147,10 @@ async def _start_health_tasks(runtime: Runtime, health: HealthController) -> Non
         health.unselective_rules.run(lambda: runtime.leading), name="taint-rule-selectors"))
     # Approvals count only while the approval policy is installed: known before the first record reconcile.
     try:
-        await health.admission.refresh()
+        await health.approvals.admission.refresh()
     except Exception as exc:  # retried every 15 s; until then no approval counts
         log.warning("reading the admission policies failed: %s; approvals are not honoured until they are read", exc)
-    runtime.background.append(asyncio.create_task(health.admission.run(), name="admission-policies"))
+    runtime.background.append(asyncio.create_task(health.approvals.admission.run(), name="admission-policies"))
 
 
 async def serve_webhook(settings: RunSettings, runtime: Runtime) -> Receiver | None:

@@ -71,7 +71,9 @@ class _Pending:
 class SignalsController:
     """The signals' queue, the events that feed it, and the reconcile that decides each device."""
 
-    def __init__(self, *, cache: Cache, kube: Kube) -> None:
+    def __init__(self, *, cache: Cache, kube: Kube, repair_gate: RepairGate | None = None) -> None:
+        """`repair_gate`: the hand-off (handoff/controller.py): a verified clear waits while the record's repair
+        is open (None in tests: no repair holds a recovery)."""
         self.cache = cache
         self.kube = kube
         self.queue = WorkQueue("signals")
@@ -90,8 +92,7 @@ class SignalsController:
         self._slice_taints: dict[str, dict[str, list[Body]]] = {}
         self._pod_health: dict[str, frozenset[podhealth.DeviceHealth]] = {}
         self._node_conditions: dict[str, list[Body]] = {}
-        self.repair_gate: RepairGate | None = None
-        """The hand-off (handoff/controller.py): a verified clear waits while the record's repair is open."""
+        self.repair_gate = repair_gate
 
     def router(self) -> policy.Router:
         """The router over the cached policies (``routing``): its errors are the policies' statuses'."""
@@ -384,12 +385,3 @@ class SignalsController:
             self._reported.add(marker)
             await self._event(record, "Warning", INVALID_VERIFIED, problem)
 
-    # The fleet view under the names the controller's tests read it by.
-    def _set_fleet(self, ref: DeviceRef, faults: Sequence[Observation]) -> None:
-        self.fleet.replace(ref, faults)
-
-    def _fleet_count(self, source: str, signal: str, value: str, since: datetime) -> int:
-        return self.fleet.count(source, signal, value, since)
-
-    def _fleet_devices(self, source: str, signal: str) -> list[DeviceRef]:
-        return self.fleet.devices(source, signal)
