@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kubernetes import config
 
-from . import cluster, demo, driver, presets
+from . import cluster, demo, disruptions, driver, presets, slice_taints
 from .binaries import K8S_VERSION, VERSIONS
 from .cluster import default_dir
 from .processes import LabError
@@ -94,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
             if state is None:
                 raise LabError(f"no lab in {args.dir}: run 'claimwarden lab up' first")
             if args.compact:
-                say(f"etcd compacted to revision {cluster.compact_etcd(state)}")
-            cluster.restart_apiserver(state, say)
+                say(f"etcd compacted to revision {disruptions.compact_etcd(state)}")
+            disruptions.restart_apiserver(state, say)
         elif args.lab_command == "taint":
             state = cluster.LabState.load(args.dir.expanduser().resolve())
             if state is None:
                 raise LabError(f"no lab in {args.dir}: run 'claimwarden lab up' first")
             with config.new_client_from_config(config_file=str(state.kubeconfig)) as api:
-                taints = cluster.taint_device(api, args.node, args.device, args.key, args.value, args.effect,
+                taints = slice_taints.taint_device(api, args.node, args.device, args.key, args.value, args.effect,
                                               remove=args.remove)
             shown = ", ".join(f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')} "
                               f"(added {t.get('timeAdded')})" for t in taints)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import json
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +15,9 @@ from typing import Any, cast
 from kubernetes import client, config
 
 from . import driver, pki, presets, realnode
+from .audit_policy import AUDIT_POLICY, AUDIT_POLICY_ALL
 from .binaries import K8S_VERSION, STAGES_FILE, bin_dir, require_binaries, resolve_version
+from .guests import guests, stop_guests
 from .processes import (
     LabError,
     Process,
@@ -26,57 +25,15 @@ from .processes import (
     http_ok,
     is_running,
     port_is_free,
-    restart,
     start,
     stop,
     wait_until,
 )
+from .slice_taints import raw_json
 
 STATE_FILE = "state.json"
-GUESTS_DIR = "guests"
-"""Processes that run against the lab without being part of it (the demo's claimwarden) record
-themselves in DIR/guests/NAME.json, so that `down` stops them too if whoever started them could not."""
 START_TIMEOUT = 120.0
 Say = Callable[[str], None]
-
-CLAIMWARDEN_USER = "system:serviceaccount:claimwarden-system:claimwarden"
-AUDIT_POLICY = f"""\
-# The lab's apiserver audit policy: every write claimwarden makes, and every eviction by anyone,
-# at Metadata level (who, verb, object, response code, user agent; no bodies), except the leader
-# Lease, whose request bodies show who held it when, and the quarantine claims in claimwarden's
-# namespace, whose bodies show which device each one holds (the chaos checker follows them).
-# Nothing else, so the log stays small and the test suite's auditor reads only what it needs.
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: Request
-    users: ["{CLAIMWARDEN_USER}"]
-    verbs: ["create", "update", "patch", "delete"]
-    resources:
-      - group: "coordination.k8s.io"
-        resources: ["leases"]
-  - level: Request
-    users: ["{CLAIMWARDEN_USER}"]
-    verbs: ["create", "update", "patch", "delete"]
-    namespaces: ["claimwarden-system"]
-    resources:
-      - group: "resource.k8s.io"
-        resources: ["resourceclaims", "resourceclaims/status"]
-  - level: Metadata
-    users: ["{CLAIMWARDEN_USER}"]
-    verbs: ["create", "update", "patch", "delete", "deletecollection"]
-  - level: Metadata
-    verbs: ["create"]
-    resources:
-      - group: ""
-        resources: ["pods/eviction"]
-  - level: None
-"""
-# For benchmarks that count API calls (LabOptions.audit_all): every request by anyone, reads too, at
-# Metadata level; the auditor's rules still read only what they need from it.
-AUDIT_POLICY_ALL = AUDIT_POLICY.replace('  - level: None\n', '  - level: Metadata\n')
-
 
 def default_dir() -> Path:
     return Path.home() / ".cache" / "claimwarden" / "lab"
@@ -377,7 +334,7 @@ def _publish_cluster(state: LabState, options: LabOptions, models: list[driver.G
 def _create_partitionable_slice(resource: client.ResourceV1Api, body: dict[str, Any]) -> None:
     """Create a slice as a plain dict and read back what the apiserver kept (every field, even those the
     client's models lack): with DRAPartitionableDevices off it drops counter sets and consumption silently."""
-    written = _raw(resource.create_resource_slice(body=cast(Any, body), _preload_content=False))
+    written = raw_json(resource.create_resource_slice(body=cast(Any, body), _preload_content=False))
     spec = written.get("spec") or {}
     kept = spec.get("sharedCounters") if "sharedCounters" in body["spec"] else [
         d for d in spec.get("devices") or [] if d.get("consumesCounters")]
@@ -386,178 +343,9 @@ def _create_partitionable_slice(resource: client.ResourceV1Api, body: dict[str, 
                        "DRAPartitionableDevices is off (do not turn it off with --feature-gates)")
 
 
-TAINT_RETRIES = 5
-
-
-def _status_message(exc: client.ApiException) -> str:
-    """The message of the Status an apiserver answered with, else the raw body."""
-    try:
-        return str(json.loads(exc.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(exc.body or exc.reason)
-
-
-def _raw(response: object) -> Any:
-    """The JSON of a response read with _preload_content=False: every field, even those the client's models lack."""
-    return json.loads(cast(Any, response).data)
-
-
-def taint_device(api: client.ApiClient, node: str, device: str, key: str, value: str = "",
-                 effect: str = "NoSchedule", *, remove: bool = False) -> list[dict[str, Any]]:
-    """Publish (or with ``remove``, withdraw) a taint on a device of the fake driver's slice on ``node``,
-    as NVIDIA's driver does (driver.set_device_taint); returns the device's taints as the apiserver keeps them.
-
-    The slice is rewritten whole with its resourceVersion (devices are an atomic list), retried on conflict.
-    An apiserver without slice taints (gate ``DRADeviceTaints`` off: before 1.36 unless the lab runs with
-    ``--preset device-taints``) silently drops them; that is an error here, with the fix.
-    """
-    resource = client.ResourceV1Api(api)
-    for _ in range(TAINT_RETRIES):
-        listed = _raw(resource.list_resource_slice(
-            field_selector=f"spec.nodeName={node},spec.driver={driver.DRIVER}", _preload_content=False))
-        slices = [s for s in listed.get("items", [])
-                  if any(d.get("name") == device for d in s["spec"].get("devices") or [])]
-        if not slices:
-            raise LabError(f"no {driver.DRIVER} ResourceSlice on node {node!r} lists device {device!r}")
-        body = slices[0]
-        devices = body["spec"]["devices"]
-        try:
-            body["spec"]["devices"] = (driver.remove_device_taint(devices, device, key) if remove
-                                       else driver.set_device_taint(devices, device, key, value, effect))
-        except driver.LabConfigError as exc:
-            raise LabError(str(exc)) from None
-        try:
-            written = _raw(resource.replace_resource_slice(body["metadata"]["name"], body=body, _preload_content=False))
-        except client.ApiException as exc:
-            if exc.status == 409:
-                continue
-            raise LabError(f"the apiserver refused the taint ({exc.status}): {_status_message(exc)}") from None
-        taints: list[dict[str, Any]] = next(
-            d.get("taints") or [] for d in written["spec"]["devices"] if d.get("name") == device)
-        if not remove and not any(t.get("key") == key for t in taints):
-            raise LabError("the apiserver dropped the taint: slice taints need the DRADeviceTaints gate, off "
-                           "before Kubernetes 1.36; start the lab with '--preset device-taints'")
-        return taints
-    raise LabError(f"ResourceSlice of node {node!r} kept changing under {TAINT_RETRIES} writes; try again")
-
-
-def add_guest(directory: Path, proc: Process) -> None:
-    """Record ``proc`` as running against the lab in ``directory`` (see GUESTS_DIR)."""
-    guests = directory / GUESTS_DIR
-    guests.mkdir(exist_ok=True)
-    (guests / f"{proc.name}.json").write_text(json.dumps(proc.to_json(), indent=2))
-
-
-def remove_guest(directory: Path, proc: Process) -> None:
-    (directory / GUESTS_DIR / f"{proc.name}.json").unlink(missing_ok=True)
-
-
-def guests(directory: Path) -> list[Process]:
-    found = []
-    for path in sorted((directory / GUESTS_DIR).glob("*.json")):
-        try:
-            found.append(Process.from_json(json.loads(path.read_text())))
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # half written by a killed run; its process is unknown
-    return found
-
-
-def stop_guests(directory: Path) -> list[Process]:
-    """Stop (by PID) every guest of the lab in ``directory`` that still runs; return those."""
-    stopped = []
-    for proc in guests(directory):
-        if is_running(proc):
-            stop(proc)
-            stopped.append(proc)
-        remove_guest(directory, proc)
-    return stopped
-
-
 def _stop_all(state: LabState) -> None:
     for proc in reversed(state.processes):
         stop(proc)
-
-
-def _process(state: LabState, name: str) -> tuple[int, Process]:
-    for index, proc in enumerate(state.processes):
-        if proc.name == name:
-            return index, proc
-    raise LabError(f"the lab in {state.dir} has no {name} process; run 'claimwarden lab up' first")
-
-
-def restart_apiserver(state: LabState, say: Say = print, *, runtime_config: str | None = None) -> Process:
-    """Stop kube-apiserver by PID, start it again with the same arguments, wait for /readyz.
-
-    Clients see what they see when a control-plane node restarts: broken watches, then re-lists.
-    `runtime_config`, when given, replaces its --runtime-config, so that it serves other API versions
-    afterwards (as an upgrade that drops an alpha version does).
-    """
-    index, old = _process(state, "kube-apiserver")
-    _, etcd = _process(state, "etcd")
-    if runtime_config is not None:
-        argv = [arg for arg in old.argv if not arg.startswith("--runtime-config=")]
-        old = dataclasses.replace(old, argv=[*argv, f"--runtime-config={runtime_config}"] if runtime_config else argv)
-    say(f"restarting kube-apiserver (pid {old.pid})")
-    new = restart(old)
-    state.processes[index] = new
-    state.save()
-    ca = str(state.dir / "pki" / "ca.crt")
-    wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca), START_TIMEOUT, [etcd, new])
-    say(f"kube-apiserver ready again (pid {new.pid})")
-    return new
-
-
-def restart_etcd(state: LabState, say: Say = print, *, down: float = 0.0) -> Process:
-    """Stop etcd by PID, leave it down for ``down`` seconds, start it again on its data, wait until the
-    apiserver is ready again.
-
-    Its data directory is kept, so nothing is lost: clients see what an etcd member's restart shows them,
-    requests failing (the apiserver answers 5xx or times out) and then going through; watches whose
-    resourceVersion etcd still has resume.
-    """
-    index, old = _process(state, "etcd")
-    _, apiserver = _process(state, "kube-apiserver")
-    if not old.argv:
-        raise LabError(f"etcd was started by an older claimwarden that did not record its command line; run "
-                       f"'claimwarden lab down --dir {state.dir}' and 'lab up' again")
-    say(f"stopping etcd (pid {old.pid}) for {down:g} s")
-    stop(old)
-    time.sleep(down)
-    new = start(old.name, old.argv, Path(old.log).parent, old.env)
-    state.processes[index] = new
-    state.save()
-    wait_until("etcd /health", lambda: http_ok(f"http://127.0.0.1:{state.ports['etcd']}/health"),
-               START_TIMEOUT, [new])
-    ca = str(state.dir / "pki" / "ca.crt")
-    wait_until("kube-apiserver /readyz", lambda: http_ok(f"{state.api_url}/readyz", ca), START_TIMEOUT,
-               [new, apiserver])
-    say(f"etcd ready again (pid {new.pid})")
-    return new
-
-
-def _etcd_post(state: LabState, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{state.ports['etcd']}{path}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            result: dict[str, Any] = json.loads(response.read())
-            return result
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise LabError(f"etcd's HTTP gateway at {url} failed: {exc}") from None
-
-
-def compact_etcd(state: LabState) -> int:
-    """Compact etcd to its current revision (physically) through its HTTP gateway; return that revision.
-
-    Afterwards a watch or list from any older resourceVersion gets 410 Gone, as on a long-lived cluster.
-    """
-    header = _etcd_post(state, "/v3/kv/range", {"key": base64.b64encode(b"/").decode()}).get("header") or {}
-    revision = int(header.get("revision") or 0)
-    if revision <= 0:
-        raise LabError(f"etcd did not report its current revision (header: {header})")
-    _etcd_post(state, "/v3/kv/compaction", {"revision": revision, "physical": True})
-    return revision
 
 
 def _stop_real_node_pods(state: LabState, say: Say) -> None:

@@ -34,7 +34,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden_lab import cluster
+from claimwarden_lab import disruptions
 from claimwarden_lab.cluster import LabState
 from claimwarden_lab.driver import DRIVER
 from tests.integration.auditor import LabAudit, Rules
@@ -343,8 +343,8 @@ def test_apiserver_restarts_mid_churn(chaos_lab: LabState, chaos_api: client.Api
         for i in range(SCALE["restarts"]):
             time.sleep(RNG.uniform(2, 5))
             if i == 0:
-                cluster.compact_etcd(chaos_lab)
-            cluster.restart_apiserver(chaos_lab, say=lambda _line: None)
+                disruptions.compact_etcd(chaos_lab)
+            disruptions.restart_apiserver(chaos_lab, say=lambda _line: None)
         churn.wait(600)
     took, result = converge(chaos_api, audit, events, timeout=360)
     record("2 kube-apiserver restarts mid-churn", f"{len(churn.created)} pods created",
@@ -615,7 +615,7 @@ def test_etcd_restarts_mid_churn(chaos_lab: LabState, chaos_api: client.ApiClien
                 time.sleep(RNG.uniform(2, 5))
                 # Marked right before etcd goes: the leader is at work on them when it does.
                 marked += _mark_steady(chaos_api, namespace, 2, "marked before etcd stopped", done=marked)
-                cluster.restart_etcd(chaos_lab, say=lambda _line: None, down=SCALE["etcd_down"])
+                disruptions.restart_etcd(chaos_lab, say=lambda _line: None, down=SCALE["etcd_down"])
             churn.wait(600)
         took, result = converge(chaos_api, audit, events, [(namespace, m[0]) for m in marked], timeout=360)
     finally:

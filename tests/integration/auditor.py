@@ -47,7 +47,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 
 DEFAULT_MAX_WRITES = 20
 STALE_RESERVATION_SECONDS = 10.0

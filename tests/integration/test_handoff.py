@@ -22,7 +22,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from claimwarden.timestamps import format_rfc3339, now
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 from claimwarden_lab.driver import device_uuid
 
 from .auditor import LabAudit

@@ -19,7 +19,8 @@ from typing import Any
 
 from kubernetes import client
 
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 
 from .auditor import LabAudit
 from .conftest import service_account_kubeconfig

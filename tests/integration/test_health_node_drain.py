@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 
 from .auditor import WRITE_VERBS, LabAudit
 from .health_helpers import device_of, record_for

@@ -23,7 +23,7 @@ from kubernetes import client, config
 from claimwarden.health.records import DeviceRef
 from claimwarden.signals import podhealth, taints
 from claimwarden.signals.observations import HEALTHY, SOURCE_TAINT, UNHEALTHY, UNKNOWN
-from claimwarden_lab import cluster
+from claimwarden_lab import cluster, slice_taints
 from claimwarden_lab.binaries import resolve_version
 from claimwarden_lab.driver import DRIVER
 from claimwarden_lab.processes import LabError
@@ -70,7 +70,7 @@ def device_taints(api: client.ApiClient, device: str) -> list[Any] | None:
 def test_the_driver_publishes_taints_that_claimwarden_reads(lab_api: client.ApiClient) -> None:
     ref = DeviceRef(DRIVER, NODE, "gpu-1")
     before = datetime.now(UTC).replace(microsecond=0)
-    published = cluster.taint_device(lab_api, NODE, "gpu-1", XID, "79", "NoSchedule")
+    published = slice_taints.taint_device(lab_api, NODE, "gpu-1", XID, "79", "NoSchedule")
     assert [(t["key"], t["value"], t["effect"]) for t in published] == [(XID, "79", "NoSchedule")]
     # The driver leaves timeAdded to the apiserver (as NVIDIA's does), which sets it.
     added = datetime.fromisoformat(published[0]["timeAdded"].replace("Z", "+00:00"))
@@ -82,24 +82,24 @@ def test_the_driver_publishes_taints_that_claimwarden_reads(lab_api: client.ApiC
     assert device_taints(lab_api, "gpu-0") == []
 
     # The same taint again changes nothing on the slice, so nothing new is observed.
-    again = cluster.taint_device(lab_api, NODE, "gpu-1", XID, "79", "NoSchedule")
+    again = slice_taints.taint_device(lab_api, NODE, "gpu-1", XID, "79", "NoSchedule")
     assert again == published
     assert taints.taint_observations(ref, device_taints(lab_api, "gpu-1"), first, datetime.now(UTC)) == []
 
     # One taint per key: a new XID replaces the old one, and only claimwarden keeps the history.
     time.sleep(1.1)  # timeAdded has second precision
-    replaced = cluster.taint_device(lab_api, NODE, "gpu-1", XID, "48", "NoSchedule")
+    replaced = slice_taints.taint_device(lab_api, NODE, "gpu-1", XID, "48", "NoSchedule")
     assert [(t["key"], t["value"]) for t in replaced] == [(XID, "48")]
     assert replaced[0]["timeAdded"] != published[0]["timeAdded"]
     second = taints.taint_observations(ref, device_taints(lab_api, "gpu-1"), first, datetime.now(UTC))
     assert [(o.value, o.state) for o in second] == [("48", UNHEALTHY)]
 
-    assert cluster.taint_device(lab_api, NODE, "gpu-1", XID, remove=True) == []
+    assert slice_taints.taint_device(lab_api, NODE, "gpu-1", XID, remove=True) == []
     removed = taints.taint_observations(ref, device_taints(lab_api, "gpu-1"), first + second, datetime.now(UTC))
     assert [(o.signal, o.state) for o in removed] == [(XID, HEALTHY)]
 
     with pytest.raises(LabError, match=r"ResourceSlice on node 'kwok-node-0' lists device 'gpu-9'"):
-        cluster.taint_device(lab_api, NODE, "gpu-9", XID, "79")
+        slice_taints.taint_device(lab_api, NODE, "gpu-9", XID, "79")
 
 
 def test_lab_taint_from_the_command_line(signals_lab: cluster.LabState, lab_api: client.ApiClient) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 
 from .auditor import WRITE_VERBS, LabAudit
 from .helpers import create_pods, gpu_claim_spec, pod_with_claims, template, wait_for

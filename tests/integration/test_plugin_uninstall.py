@@ -22,7 +22,8 @@ import pytest
 from kubernetes import client, config
 
 from claimwarden.plugin.uninstall import hand_over_name
-from claimwarden_lab.cluster import CLAIMWARDEN_USER, LabState
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
+from claimwarden_lab.cluster import LabState
 
 from .auditor import WRITE_VERBS, LabAudit
 from .conftest import extra_lab, service_account_kubeconfig

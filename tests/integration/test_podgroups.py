@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from claimwarden_lab import cluster
+from claimwarden_lab import disruptions
 from claimwarden_lab.cluster import LabState
 
 from .conftest import extra_lab, service_account_kubeconfig
@@ -261,7 +261,7 @@ def test_a_podgroup_version_dropped_while_claimwarden_runs_stops_it_and_its_rest
         operator.start()
         try:
             assert "PodGroups: scheduling.k8s.io/v1alpha3" in log_path.read_text()
-            cluster.restart_apiserver(state, say=lambda line: print(f"lab: {line}"), runtime_config=BETA_ONLY)
+            disruptions.restart_apiserver(state, say=lambda line: print(f"lab: {line}"), runtime_config=BETA_ONLY)
             api.close()
             api = _api(state)
             _serves_podgroups(api, VERSION)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from claimwarden_lab import cluster
+from claimwarden_lab import cluster, disruptions
 
 from .conftest import service_account_kubeconfig
 from .health_helpers import create_record, delete_record, device_of, holders
@@ -84,8 +84,8 @@ def test_objects_deleted_while_watches_were_down_are_forgotten_within_one_resync
                 delete_record(api, f"dropped-{namespace}")
                 wait_for("the deleted pods gone", lambda: {p.metadata.name for p in core.list_namespaced_pod(
                     namespace).items} == {"stays"}, 30)
-                revision = cluster.compact_etcd(lab)
-                cluster.restart_apiserver(lab, say=print)
+                revision = disruptions.compact_etcd(lab)
+                disruptions.restart_apiserver(lab, say=print)
                 print(f"etcd compacted at revision {revision}; kube-apiserver restarted")
             finally:
                 operator.thaw()

@@ -9,7 +9,7 @@ import pytest
 
 from claimwarden.health.plan import device_label
 from claimwarden.health.records import DeviceRef, label_value
-from claimwarden_lab.cluster import CLAIMWARDEN_USER
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
 from tests.integration.auditor import (
     Objects,
     Rules,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from claimwarden import __version__
-from claimwarden_lab.cluster import CLAIMWARDEN_USER
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
 from tests.chaos.checker import (
     OWN_NAMESPACE,
     Breaker,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from claimwarden_lab import binaries, cluster
+from claimwarden_lab import binaries, cluster, guests
 from claimwarden_lab.processes import LabError, Process, is_running, start, start_time
 
 
@@ -143,14 +143,14 @@ def test_down_also_stops_a_guest_left_running(tmp_path: Path) -> None:
     (directory / "logs").mkdir(parents=True)
     cluster.LabState(dir=directory, ready=True).save()
     guest = start("guest", ["sleep", "60"], directory / "logs")
-    cluster.add_guest(directory, guest)
-    assert [g.pid for g in cluster.guests(directory)] == [guest.pid]
+    guests.add_guest(directory, guest)
+    assert [g.pid for g in guests.guests(directory)] == [guest.pid]
     assert any("(guest)" in line for line in cluster.status(directory))
     cluster.down(directory, say=lambda _: None)
     assert not is_running(guest) and not directory.exists()
 
 
 def test_a_half_written_guest_record_is_dropped(tmp_path: Path) -> None:
-    (tmp_path / cluster.GUESTS_DIR).mkdir()
-    (tmp_path / cluster.GUESTS_DIR / "x.json").write_text("{")
-    assert cluster.guests(tmp_path) == [] and cluster.stop_guests(tmp_path) == []
+    (tmp_path / guests.GUESTS_DIR).mkdir()
+    (tmp_path / guests.GUESTS_DIR / "x.json").write_text("{")
+    assert guests.guests(tmp_path) == [] and guests.stop_guests(tmp_path) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from claimwarden_lab.cluster import CLAIMWARDEN_USER
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
 from tests.chaos.soak_figures import (
     RssSample,
     WriteCounts,

@@ -19,7 +19,7 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .. import cluster
+from .. import cluster, guests
 from ..processes import free_port, http_ok, is_running, start, stop
 from .narration import self_command
 from .options import DEMO_GPUS_PER_NODE, DEMO_NODES, FALLBACK, LOG_NAME, MARK_PREFIX, NAMESPACE, DemoError, repo_root
@@ -45,7 +45,7 @@ def setup(stage: Stage) -> None:
             models=",".join(stage.models) or None), say=lambda line: stage.print(f"lab: {line}"))
         stage.started_lab = True
     stage.state = state
-    for proc in cluster.stop_guests(stage.directory):
+    for proc in guests.stop_guests(stage.directory):
         stage.print(f"demo: stopped {proc.name} (pid {proc.pid}), left running by an earlier demo")
     stage.api = config.new_client_from_config(config_file=str(state.kubeconfig))
     _install_crds(stage, root=root)
@@ -82,7 +82,7 @@ def _start_claimwarden(stage: Stage) -> None:
         "--metrics-address", "127.0.0.1", "--metrics-port", str(stage.metrics_port),
         # One process on a development lab: no Lease to wait for after an interrupted demo.
         "--leader-elect=false"], stage.directory / "logs")
-    cluster.add_guest(stage.directory, stage.claimwarden)
+    guests.add_guest(stage.directory, stage.claimwarden)
     stage.wait("claimwarden's liveness endpoint", lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz"))
     stage.print(f"demo: claimwarden runs (pid {stage.claimwarden.pid}, metrics on 127.0.0.1:{stage.metrics_port}, "
                 f"log {stage.log_path()})")
@@ -150,7 +150,7 @@ def stop_claimwarden(stage: Stage, *, announce: bool = True) -> None:
     if stage.claimwarden is None:
         return
     stop(stage.claimwarden, grace=30)
-    cluster.remove_guest(stage.directory, stage.claimwarden)
+    guests.remove_guest(stage.directory, stage.claimwarden)
     if announce:
         stage.print(f"demo: stopped claimwarden (pid {stage.claimwarden.pid})")
     stage.claimwarden = None
