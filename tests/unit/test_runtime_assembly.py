@@ -145,3 +145,33 @@ def test_the_hand_off_is_the_signals_repair_gate_from_construction_and_queues_th
     assert _keys(runtime.signals.queue) == [ref]
     without = asyncio.run(scenario(False))
     assert without.signals is None and without.handoff is not None and without.handoff.on_cleared is None
+
+
+def test_a_build_that_fails_closes_the_connections_it_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf retries a start-up handler that raised: a failed build must not leave its connections open."""
+    opened: list[Kube] = []
+
+    async def connect(*_: Any, fence: Callable[[], float] | None = None, **__: Any) -> Kube:
+        kube = Kube(aio.ApiClient(aio.Configuration(host="http://127.0.0.1:9")), fence=fence)
+        opened.append(kube)
+        return kube
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("a controller could not be built")
+
+    monkeypatch.setattr(assembly.Kube, "connect", staticmethod(connect))
+    monkeypatch.setattr(assembly, "_claims_controllers", broken)
+    closed: list[Kube] = []
+    original_close = Kube.close
+
+    async def close(self: Kube) -> None:
+        closed.append(self)
+        await original_close(self)
+
+    monkeypatch.setattr(Kube, "close", close)
+    with pytest.raises(RuntimeError, match="could not be built"):
+        asyncio.run(assembly.build_runtime(
+            settings=_settings(controllers=("claims",), election=ElectionSettings(namespace="cw", identity="me")),
+            cache=_cache([]), kopf_state=None, signals=False))  # type: ignore[arg-type]
+    assert len(opened) == 2, "the lease's connections and the controllers'"
+    assert sorted(map(id, closed)) == sorted(map(id, opened))

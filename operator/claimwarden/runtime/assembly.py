@@ -53,14 +53,32 @@ async def build_runtime(*, settings: RunSettings, cache: Cache, kopf_state: Kopf
     identity = settings.election.identity if settings.election else "standalone"
     # `runtime` is bound at the end; the elector calls `lead` only once its loop runs (Runtime.start).
     elector = await _elector(settings=settings, identity=identity, lead=lambda: runtime.lead())
-    kube = await Kube.connect(settings.kubeconfig, in_cluster() and not settings.kubeconfig,
-                              request_timeout=settings.request_timeout,
-                              user_agent=f"claimwarden/{__version__} ({identity})",
-                              qps=settings.api_qps, burst=settings.api_burst,
-                              # The claims' workers and the evictions' at once, each with its request.
-                              connections=max(CONNECTION_POOL, settings.workers + settings.health.workers),
-                              # Writes only while this replica may (leader/elector.py); without an election, always.
-                              fence=elector.write_time_left if elector is not None else None)
+    kube: Kube | None = None
+    try:
+        kube = await Kube.connect(settings.kubeconfig, in_cluster() and not settings.kubeconfig,
+                                  request_timeout=settings.request_timeout,
+                                  user_agent=f"claimwarden/{__version__} ({identity})",
+                                  qps=settings.api_qps, burst=settings.api_burst,
+                                  # The claims' workers and the evictions' at once, each with its request.
+                                  connections=max(CONNECTION_POOL, settings.workers + settings.health.workers),
+                                  # Writes only while this replica may (leader/elector.py); without an election, always.
+                                  fence=elector.write_time_left if elector is not None else None)
+        runtime = await _assembled(settings=settings, cache=cache, kopf_state=kopf_state, signals=signals,
+                                   kube=kube, elector=elector)
+    except BaseException:
+        # Kopf retries a start-up handler that failed: close what this try opened, or every retry leaks
+        # its connections.
+        if kube is not None:
+            await kube.close()
+        if elector is not None:
+            await elector.kube.close()
+        raise
+    return runtime
+
+
+async def _assembled(*, settings: RunSettings, cache: Cache, kopf_state: KopfState, signals: bool, kube: Kube,
+                     elector: Elector | None) -> Runtime:
+    """The controllers, their loops and the runtime over them, on connections already open."""
     loops: list[Loop] = []
 
     def loop(queue: WorkQueue, reconcile: Reconcile, workers: int = settings.workers) -> None:
