@@ -50,7 +50,7 @@ def expiry(text: str | None, now: datetime) -> str | None:
     from claimwarden.timestamps import parse_rfc3339
 
     try:
-        delta = durations.parse(text)
+        delta = durations.parse(text, negative=True)  # refused below with the reason, not as unreadable
     except durations.DurationError:
         if _DAYS.match(text):
             raise MarkError(f"--expires {text!r}: a Go duration has no days; write {int(text[:-1]) * 24}h") from None
