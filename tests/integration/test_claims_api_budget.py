@@ -11,6 +11,7 @@ from pathlib import Path
 from kubernetes import client
 
 from claimwarden_lab import cluster
+from claimwarden_lab.audit_policy import CLAIMWARDEN_USER
 
 from .auditor import LabAudit
 from .conftest import service_account_kubeconfig
@@ -46,7 +47,7 @@ def test_writes_are_spaced_by_the_client_budget(api: client.ApiClient, namespace
                 p.status.resource_claim_statuses for p in core.list_namespaced_pod(namespace).items), 60)
             # This namespace's only: a fresh claimwarden also finishes what earlier tests left elsewhere.
             events = [e for e in audit.new_events()
-                      if e.get("user", {}).get("username") == cluster.CLAIMWARDEN_USER
+                      if e.get("user", {}).get("username") == CLAIMWARDEN_USER
                       and e.get("objectRef", {}).get("namespace") == namespace]
         finally:
             operator.stop()
